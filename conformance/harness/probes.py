@@ -1,0 +1,51 @@
+"""Small tasks that exercise the harness itself: used by its tests and the overhead benchmark.
+
+Each misbehaves in one way a real implementation can: raise on one rank, die, or block in a
+collective that the other ranks never join.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def echo(payload, ctx):
+    """All-reduce the rank ids: proves the group works and returns quickly."""
+    t = torch.tensor([float(ctx.rank)], device=ctx.device)
+    dist.all_reduce(t, group=ctx.group)
+    return {"rank": ctx.rank, "sum": t.item(), "payload": payload}
+
+
+def raise_on(payload, ctx):
+    """Rank `payload` raises; the others block in a collective it never joins."""
+    if ctx.rank == payload:
+        raise ValueError(f"deliberate failure on rank {ctx.rank}")
+    dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
+    return ctx.rank
+
+
+def exit_on(payload, ctx):
+    """Rank `payload` dies abruptly (os._exit), as a segfaulting extension would."""
+    if ctx.rank == payload:
+        os._exit(3)
+    dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
+    return ctx.rank
+
+
+def hang_on(payload, ctx):
+    """Every rank but `payload` waits in an all_reduce that rank `payload` never joins."""
+    if ctx.rank == payload:
+        time.sleep(3600)
+    dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
+    return ctx.rank
+
+
+def leave_pending(payload, ctx):
+    """Rank 0 launches an extra async collective: the group is left inconsistent."""
+    if ctx.rank == 0:
+        dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group, async_op=True)
+    return ctx.rank

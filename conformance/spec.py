@@ -1,0 +1,155 @@
+"""The suite's shared vocabulary: scenarios, capabilities, tolerances and wrap options.
+
+Everything here is plain, frozen, picklable data. The same `Scenario` object flows from the
+CLI to the coordinator, to every rank process and into the report, so nothing in it may
+refer to live objects (modules, process groups, devices handles). It prints as its id.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+AREAS = ("ddp", "data_parallel", "bucketer", "sharded", "dist_autograd")
+
+
+class Capability(str, enum.Enum):
+    """What an implementation must support for a scenario to apply to it.
+
+    A scenario that needs a capability the adapter lacks is *skipped with the capability
+    named*, never passed.
+    """
+
+    NO_SYNC = "no_sync"
+    FIND_UNUSED = "find_unused_parameters"
+    SPARSE = "sparse_gradients"
+    STATIC_GRAPH = "static_graph"
+    GRAD_AS_BUCKET_VIEW = "gradient_as_bucket_view"
+    COMM_HOOK = "comm_hook"
+    BUCKET_CAP = "bucket_cap_mb"
+    BUFFER_BROADCAST = "broadcast_buffers"
+    HALF_PRECISION = "half_precision"
+    CUDA = "cuda"
+
+    def __str__(self) -> str:  # shows up in skip reasons
+        return self.value
+
+
+class Expect(str, enum.Enum):
+    """What outcome a scenario accepts."""
+
+    MATCH = "match"  # every comparison must hold
+    # The implementation may instead raise a clear error (the message must match
+    # `Scenario.error_pattern`), but only on every rank and never after a wrong step.
+    MATCH_OR_ERROR = "match-or-error"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close an actual tensor must be to the oracle's.
+
+    `exact=True` requires bitwise equality; scenarios only ask for it when their data make
+    fp32 sums exact (small integers, dyadic values, power-of-two world sizes).
+    """
+
+    exact: bool = True
+    rtol: float = 0.0
+    atol: float = 0.0
+    reason: str = "exact: small-integer data, power-of-two world size"
+
+    def describe(self) -> str:
+        if self.exact:
+            return "bitwise"
+        return f"rtol={self.rtol:g} atol={self.atol:g}"
+
+
+EXACT = Tolerance()
+
+
+def float_tolerance(dtype: str, summands: int = 1, reason: str = "") -> Tolerance:
+    """A per-dtype tolerance scaled for the number of summands in a reduction.
+
+    Rounding error of a sum of n terms grows at most like n * eps; we allow 8 * n * eps
+    relative error (4x headroom over the worst case of a pairwise sum) and the same in
+    absolute terms for values near zero.
+    """
+    eps = {"float32": 2.0**-23, "float64": 2.0**-52, "float16": 2.0**-10, "bfloat16": 2.0**-7}[dtype]
+    scale = 8 * max(1, summands) * eps
+    return Tolerance(False, rtol=scale, atol=scale, reason=reason or f"{dtype}, {summands} summands")
+
+
+@dataclass(frozen=True)
+class WrapOptions:
+    """Options passed to the implementation's constructor (torch DDP's keyword names)."""
+
+    bucket_cap_mb: float | None = None  # None: the implementation's default
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    broadcast_buffers: bool = True
+    comm_hook: str | None = None  # "allreduce" | "fp16" | "bf16"
+
+    def describe(self) -> str:
+        parts = []
+        defaults = WrapOptions()
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if value != getattr(defaults, name):
+                parts.append(f"{name}={value}")
+        return ", ".join(parts) or "defaults"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One multi-process (or single-process, for data_parallel) check of the contract.
+
+    `shard_sizes[r]` is rank r's local batch size (unequal sizes model uneven shards);
+    `micro_batches` > 1 runs the first micro-batches of each step under `no_sync()`.
+    """
+
+    id: str
+    area: str
+    model: str
+    model_kwargs: tuple[tuple[str, Any], ...] = ()
+    dtype: str = "float32"
+    device: str = "cpu"
+    world_size: int = 2
+    shard_sizes: tuple[int, ...] = ()
+    steps: int = 2
+    micro_batches: int = 1
+    optimizer: str = "sgd"  # "sgd" | "adam" | "none"
+    options: WrapOptions = field(default_factory=WrapOptions)
+    requires: frozenset[Capability] = frozenset()
+    tolerance: Tolerance = EXACT
+    seed: int = 0
+    exact_data: bool = True  # small-integer inputs and weights
+    expect: Expect = Expect.MATCH
+    error_pattern: str = ""  # regex an accepted error must match (Expect.MATCH_OR_ERROR)
+    buffer_rule: str = "rank0-broadcast"  # how buffers are checked: "rank0-broadcast" | "none"
+    profiles: frozenset[str] = frozenset({"full"})
+    timeout_s: float = 60.0
+    description: str = ""
+    upstream: str = ""  # e.g. "pytorch/pytorch#128949" when the scenario exists for a known bug
+
+    def __post_init__(self) -> None:
+        if self.area not in AREAS:
+            raise ValueError(f"scenario {self.id}: unknown area {self.area!r}; one of {AREAS}")
+        if self.world_size < 1:
+            raise ValueError(f"scenario {self.id}: world_size must be >= 1")
+        if self.shard_sizes and len(self.shard_sizes) != self.world_size:
+            raise ValueError(
+                f"scenario {self.id}: {len(self.shard_sizes)} shard sizes for world size {self.world_size}"
+            )
+
+    def __str__(self) -> str:
+        return self.id
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_kwargs)
+
+    def shard_size(self, rank: int) -> int:
+        return self.shard_sizes[rank] if self.shard_sizes else 4
+
+    def with_(self, **changes: Any) -> Scenario:
+        return replace(self, **changes)
