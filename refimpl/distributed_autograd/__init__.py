@@ -1,0 +1,34 @@
+"""Distributed autograd over ``torch.distributed.rpc``: refimpl's own engine.
+
+Mirrors ``torch.distributed.autograd`` + ``torch.distributed.rpc``::
+
+    import refimpl.distributed_autograd as dist_autograd
+
+    with dist_autograd.context() as context_id:
+        y = dist_autograd.rpc_sync("worker1", torch.mul, args=(x, w))
+        dist_autograd.backward(context_id, [y.sum()])
+        grads = dist_autograd.get_gradients(context_id)
+
+Modules: ``context`` (ids, thread-local current context, container), ``functions`` (send/recv
+autograd functions and payload packing), ``engine`` (backward, cleanup, debug info), ``rpc``
+(recording wrappers), ``optimizer`` (DistributedOptimizer).
+"""
+
+from .context import context, current_context_id, get_gradients
+from .engine import _get_debug_info, backward, debug_info
+from .optimizer import DistributedOptimizer
+from .rpc import remote, rpc_async, rpc_sync, to_here
+
+__all__ = [
+    "DistributedOptimizer",
+    "backward",
+    "context",
+    "current_context_id",
+    "debug_info",
+    "get_gradients",
+    "remote",
+    "rpc_async",
+    "rpc_sync",
+    "to_here",
+    "_get_debug_info",
+]

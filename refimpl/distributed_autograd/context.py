@@ -1,0 +1,246 @@
+"""Distributed autograd contexts.
+
+A context is the unit of one distributed forward + backward. It lives on every worker the
+forward touched, keyed by one id: ``(worker_id << 48) | counter`` where ``worker_id`` is the
+worker that opened it with :func:`context`. On other workers it is created on demand the first
+time a message of that context arrives.
+
+What a context owns on one worker (see :class:`DistAutogradContext`):
+
+- the **send functions**: for every tensor requiring grad that left this worker, the output of a
+  :class:`~refimpl.distributed_autograd.functions.SendFunction` node (its backward edge points at
+  the tensor's producer *as it was when sent*), keyed by a per-worker send id;
+- the **gradients** accumulated for leaf tensors of this worker's part of the graph
+  (``get_gradients``) — never written to ``.grad``;
+- the set of **known workers** (sent to or received from in this context), so that releasing
+  the context reaches every worker the forward touched.
+
+The current context is thread-local: each thread has at most one, nesting raises.
+The container is one per process (per RPC agent), as the RPC agent itself is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+_WORKER_ID_SHIFT = 48
+_MAX_COUNTER = (1 << _WORKER_ID_SHIFT) - 1
+
+
+@dataclass(eq=False)
+class DistAutogradContext:
+    """State of one distributed autograd context on one worker."""
+
+    context_id: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serializes local graph runs of this context on this worker (see engine.py).
+    run_lock: threading.Lock = field(default_factory=threading.Lock)
+    # send id -> (output of SendFunction, destination worker id)
+    sends: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)
+    grads: dict[torch.Tensor, torch.Tensor] = field(default_factory=dict)
+    known_workers: set[int] = field(default_factory=set)
+    # A zero-size leaf every RecvFunction hangs from, so received tensors require grad and
+    # have a grad_fn (a valid backward root), like torch's RecvRpcBackward.
+    anchor: torch.Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))
+    # Bumped when a backward with retain_graph=False ends: recv nodes created before it are
+    # then stale (their send functions were released on the other side).
+    graph_epoch: int = 0
+    _send_ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def add_send(self, send_output: torch.Tensor, dst: int) -> int:
+        with self.lock:
+            send_id = next(self._send_ids)
+            self.sends[send_id] = (send_output, dst)
+            self.known_workers.add(dst)
+        return send_id
+
+    def accumulate(self, tensor: torch.Tensor, grad: torch.Tensor) -> None:
+        """Add ``grad`` into this context's gradient for ``tensor`` (caller holds ``lock``)."""
+        grad = grad.detach()
+        if not grad.is_contiguous():
+            grad = grad.contiguous()
+        previous = self.grads.get(tensor)
+        self.grads[tensor] = grad if previous is None else previous + grad
+
+    def release_graph(self) -> None:
+        """Drop the references this context keeps into the autograd graph."""
+        with self.lock:
+            self.sends.clear()
+            self.graph_epoch += 1
+
+
+class ContextContainer:
+    """All contexts of one worker, plus the counters behind the debug info."""
+
+    def __init__(self, worker_id: int) -> None:
+        if not 0 <= worker_id < (1 << 16):
+            raise ValueError(f"worker id must fit in 16 bits, got {worker_id}")
+        self.worker_id = worker_id
+        self._lock = threading.Lock()
+        self._contexts: dict[int, DistAutogradContext] = {}
+        self._counter = itertools.count()
+        self._passes: dict[int, int] = {}  # context id -> backward passes running here
+
+    # ids -----------------------------------------------------------------------------------
+    def new_context(self) -> DistAutogradContext:
+        counter = next(self._counter)
+        if counter > _MAX_COUNTER:
+            raise RuntimeError(f"worker {self.worker_id} ran out of autograd context ids")
+        ctx = DistAutogradContext((self.worker_id << _WORKER_ID_SHIFT) | counter)
+        with self._lock:
+            self._contexts[ctx.context_id] = ctx
+        return ctx
+
+    def max_id(self) -> int:
+        return (self.worker_id << _WORKER_ID_SHIFT) | _MAX_COUNTER
+
+    # lookup --------------------------------------------------------------------------------
+    def retrieve(self, context_id: int) -> DistAutogradContext:
+        with self._lock:
+            ctx = self._contexts.get(context_id)
+        if ctx is None:
+            raise RuntimeError(
+                f"Could not find autograd context with id: {context_id} on worker "
+                f"{self.worker_id} (it was never created here, or was already released)"
+            )
+        return ctx
+
+    def lookup(self, context_id: int) -> DistAutogradContext | None:
+        with self._lock:
+            return self._contexts.get(context_id)
+
+    def get_or_create(self, context_id: int) -> DistAutogradContext:
+        with self._lock:
+            ctx = self._contexts.get(context_id)
+            if ctx is None:
+                ctx = self._contexts[context_id] = DistAutogradContext(context_id)
+            return ctx
+
+    def pop(self, context_id: int) -> DistAutogradContext | None:
+        with self._lock:
+            self._passes.pop(context_id, None)
+            return self._contexts.pop(context_id, None)
+
+    # backward-pass bookkeeping ---------------------------------------------------------------
+    def pass_started(self, context_id: int) -> None:
+        with self._lock:
+            self._passes[context_id] = self._passes.get(context_id, 0) + 1
+
+    def pass_finished(self, context_id: int) -> None:
+        with self._lock:
+            left = self._passes.get(context_id, 0) - 1
+            if left > 0:
+                self._passes[context_id] = left
+            else:
+                self._passes.pop(context_id, None)
+
+    def debug_info(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "num_current_backward_passes": len(self._passes),
+                "num_autograd_contexts": len(self._contexts),
+            }
+
+
+# process-wide container, bound to the RPC agent's worker id ------------------------------------
+_container_lock = threading.Lock()
+_container_instance: ContextContainer | None = None
+_tls = threading.local()
+
+
+def _rpc_worker_id() -> int:
+    from torch.distributed import rpc
+
+    try:
+        return rpc.get_worker_info().id
+    except RuntimeError as exc:
+        raise RuntimeError(
+            "refimpl.distributed_autograd needs an initialized RPC agent: call "
+            "torch.distributed.rpc.init_rpc(...) first"
+        ) from exc
+
+
+def container() -> ContextContainer:
+    """The container of this process's RPC worker (a new one if the agent was re-initialized)."""
+    global _container_instance
+    worker_id = _rpc_worker_id()
+    with _container_lock:
+        if _container_instance is None or _container_instance.worker_id != worker_id:
+            _container_instance = ContextContainer(worker_id)
+        return _container_instance
+
+
+def current_context() -> DistAutogradContext | None:
+    """The context active on this thread, or None."""
+    return getattr(_tls, "ctx", None)
+
+
+@contextlib.contextmanager
+def _as_current(ctx: DistAutogradContext | None) -> Iterator[None]:
+    """Make ``ctx`` the thread's current context for a block (used on RPC threads)."""
+    previous = getattr(_tls, "ctx", None)
+    _tls.ctx = ctx
+    try:
+        yield
+    finally:
+        _tls.ctx = previous
+
+
+@contextlib.contextmanager
+def context() -> Iterator[int]:
+    """Open a distributed autograd context on this thread; yields its id.
+
+    Usage::
+
+        with refimpl.distributed_autograd.context() as context_id:
+            loss = rpc_sync("worker1", torch.mul, args=(x, w)).sum()
+            backward(context_id, [loss])
+            grads = get_gradients(context_id)   # {x: ..., w: ...} on this worker
+        # leaving the block releases the context here and on every worker it reached
+
+    Contexts do not nest: opening one while this thread already has one raises.
+    """
+    active = current_context()
+    if active is not None:
+        raise RuntimeError(
+            "Already have an autograd context id for this thread "
+            f"(context {active.context_id}); distributed autograd contexts do not nest, "
+            "exit the current `with context()` block first"
+        )
+    ctx = container().new_context()
+    _tls.ctx = ctx
+    try:
+        yield ctx.context_id
+    finally:
+        _tls.ctx = None
+        from .engine import release_context
+
+        release_context(ctx.context_id)
+
+
+def current_context_id() -> int:
+    ctx = current_context()
+    if ctx is None:
+        raise RuntimeError("Current thread has no distributed autograd context")
+    return ctx.context_id
+
+
+def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
+    """Gradients accumulated on *this* worker in ``context_id``, keyed by the leaf tensor."""
+    ctx = container().retrieve(context_id)
+    with ctx.lock:
+        return dict(ctx.grads)
+
+
+def _retrieve_context(context_id: int) -> DistAutogradContext:
+    return container().retrieve(context_id)
+
+
+def _get_max_id() -> int:
+    return container().max_id()

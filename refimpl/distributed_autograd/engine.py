@@ -1,0 +1,306 @@
+"""The distributed backward engine.
+
+[Note: one backward pass]
+``backward(context_id, roots)`` on the caller (worker R):
+
+1. validate the roots (non-empty, scalar, requires grad, has a grad_fn);
+2. run the **local part** of the graph once: ``torch.autograd.grad`` from the roots (seeded with
+   ones) with, as inputs, every leaf requiring grad and every received tensor (the input edge of
+   each ``RecvBackward`` node) found by walking the graph from the roots. Leaf gradients are
+   accumulated into the context; gradients of received tensors are grouped by the worker they
+   came from;
+3. send **one message per origin worker** carrying the gradients of all its send functions
+   (``_receive_gradients``). That worker runs its local part from those send functions in one
+   ``torch.autograd.grad`` call, accumulates, forwards to *its* origins, and answers only once
+   everything downstream answered — so when R's futures complete, every worker the graph
+   reaches has finished;
+4. unless ``retain_graph``, tell every reached worker to drop the send functions of the
+   context (``_end_pass``); the gradients stay in each worker's context until it is released.
+
+[Note: several messages for one worker]
+A worker can receive gradients for its send functions in several messages of one pass (fan-out
+to two workers, a round trip A→B→A after A's root run). Each message triggers one local run from
+the send functions it names; runs of one context are serialized on that worker (``run_lock``)
+and the graph is kept (``retain_graph=True``) while the pass may still reach it. Gradients are
+linear in the incoming vector, so summing the runs' results is exact math; the cost is that a
+node reachable from send functions named in k different messages executes k times (torch's
+FAST mode executes it once, but must then assume every send function will receive a gradient,
+and hangs when one does not — see torch's ``test_backward_unused_send_function``). Here an
+unused send function simply never gets a message and the pass completes.
+
+Errors: a failure on worker N becomes a result ``("err", N, message)`` that flows back up the
+chain of futures; the caller raises ``RuntimeError("Error on Node N: message")``. The pass
+bookkeeping is undone on every worker whatever happens.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+from torch.autograd.graph import GradientEdge
+from torch.distributed import rpc
+
+from .context import DistAutogradContext, container
+from .functions import RecvBackward
+
+# ("ok", reached worker ids) or ("err", node, message, reached worker ids)
+_Result = tuple
+
+
+# roots ------------------------------------------------------------------------------------------
+def validate_roots(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if roots is None or isinstance(roots, torch.Tensor):
+        raise TypeError(
+            f"roots must be a list of scalar tensors, got {type(roots).__name__}; "
+            "pass e.g. [loss]"
+        )
+    roots = list(roots)
+    if not roots:
+        raise RuntimeError("No tensors provided for gradient computation.")
+    for i, root in enumerate(roots):
+        if not isinstance(root, torch.Tensor):
+            raise TypeError(f"root {i} is a {type(root).__name__}, not a tensor")
+        if not root.requires_grad:
+            raise RuntimeError(
+                f"requires_grad not set on root {i}: every root must require grad"
+            )
+        if root.numel() != 1:
+            raise RuntimeError(
+                f"root {i} of shape {tuple(root.shape)} is not a scalar, "
+                "all roots need to be scalar"
+            )
+        if root.grad_fn is None:
+            raise RuntimeError(
+                f"root {i} does not have a valid gradient function (it is a leaf tensor); "
+                "roots must be computed from tensors that require grad"
+            )
+    return roots
+
+
+# the local part of the graph ----------------------------------------------------------------------
+def _collect_inputs(ctx: DistAutogradContext, start) -> tuple[list[torch.Tensor], list]:
+    """Leaves requiring grad and RecvBackward nodes reachable from ``start`` nodes."""
+    seen: set = set()
+    stack = [n for n in start if n is not None]
+    leaves: list[torch.Tensor] = []
+    recvs: list = []
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, RecvBackward):
+            if node.context_id != ctx.context_id:
+                raise RuntimeError(
+                    f"a tensor received in autograd context {node.context_id} is part of the "
+                    f"graph of a backward in context {ctx.context_id}"
+                )
+            if node.epoch != ctx.graph_epoch:
+                raise RuntimeError(
+                    "Trying to backward through the distributed graph a second time: it was "
+                    "released by a previous backward(retain_graph=False) in context "
+                    f"{ctx.context_id}; pass retain_graph=True to the first backward"
+                )
+            recvs.append(node)
+            continue
+        variable = getattr(node, "variable", None)
+        if variable is not None and type(node).__name__ == "AccumulateGrad":
+            leaves.append(variable)
+            continue
+        for nxt, _ in node.next_functions:
+            if nxt is not None and nxt not in seen:
+                stack.append(nxt)
+    return leaves, recvs
+
+
+def _run_local(
+    ctx: DistAutogradContext,
+    outputs: list[torch.Tensor],
+    grad_outputs: list[torch.Tensor],
+    retain_graph: bool,
+) -> dict[int, list[tuple[int, torch.Tensor]]]:
+    """One local run: accumulate leaf grads, return {origin worker: [(send_id, grad)]}."""
+    with ctx.run_lock:
+        leaves, recvs = _collect_inputs(ctx, [o.grad_fn for o in outputs])
+        inputs = leaves + [GradientEdge(node, 0) for node in recvs]
+        if not inputs:
+            return {}
+        grads = torch.autograd.grad(
+            outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True
+        )
+        with ctx.lock:
+            for leaf, grad in zip(leaves, grads):
+                if grad is not None:
+                    ctx.accumulate(leaf, grad)
+    outbound: dict[int, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+    for node, grad in zip(recvs, grads[len(leaves) :]):
+        if grad is not None:
+            outbound[node.origin].append((node.send_id, grad))
+    return outbound
+
+
+def _completed(value) -> torch.futures.Future:
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def _dispatch(ctx: DistAutogradContext, me: int, outbound, retain_graph: bool):
+    """Send gradients to their origin workers; a future of the combined ``_Result``."""
+    dsts = list(outbound)
+    if not dsts:
+        return _completed(("ok", frozenset({me})))
+    with ctx.lock:
+        ctx.known_workers.update(dsts)
+    futs = [
+        rpc.rpc_async(
+            dst, _receive_gradients, args=(ctx.context_id, me, outbound[dst], retain_graph)
+        )
+        for dst in dsts
+    ]
+
+    def combine(all_done: torch.futures.Future) -> _Result:
+        reached = {me}
+        error = None
+        for dst, fut in zip(dsts, all_done.value()):
+            try:
+                result = fut.value()
+            except Exception as exc:  # transport failure: dead worker, timeout
+                error = error or (dst, f"{exc}")
+                reached.add(dst)
+                continue
+            reached |= result[-1]
+            if result[0] == "err" and error is None:
+                error = (result[1], result[2])
+        reached = frozenset(reached)
+        return ("err", *error, reached) if error else ("ok", reached)
+
+    return torch.futures.collect_all(futs).then(combine)
+
+
+# RPC entry points --------------------------------------------------------------------------------
+@rpc.functions.async_execution
+def _receive_gradients(context_id: int, sender: int, items, retain_graph: bool):
+    """Gradients for some of this worker's send functions arrived: run the local part."""
+    cont = container()
+    me = cont.worker_id
+    cont.pass_started(context_id)
+    try:
+        ctx = cont.retrieve(context_id)
+        with ctx.lock:
+            ctx.known_workers.add(sender)
+            entries = [ctx.sends.get(send_id) for send_id, _ in items]
+        missing = [sid for (sid, _), e in zip(items, entries) if e is None]
+        if missing:
+            raise RuntimeError(
+                f"no send function {missing} in autograd context {context_id}: the graph was "
+                "released by a previous backward(retain_graph=False)"
+            )
+        outbound = _run_local(
+            ctx, [e[0] for e in entries], [g for _, g in items], retain_graph=True
+        )
+        fut = _dispatch(ctx, me, outbound, retain_graph)
+    except Exception as exc:
+        fut = _completed(("err", me, f"{exc}", frozenset({me})))
+
+    def finish(done: torch.futures.Future) -> _Result:
+        cont.pass_finished(context_id)
+        return done.value()
+
+    return fut.then(finish)
+
+
+def _end_pass(context_id: int) -> None:
+    ctx = container().lookup(context_id)
+    if ctx is not None:
+        ctx.release_graph()
+
+
+@rpc.functions.async_execution
+def _release(context_id: int, sender: int):
+    cont = container()
+    ctx = cont.pop(context_id)
+    if ctx is None:
+        return _completed(None)
+    with ctx.lock:
+        targets = [w for w in ctx.known_workers if w not in (cont.worker_id, sender)]
+    ctx.release_graph()
+    futs = [rpc.rpc_async(w, _release, args=(context_id, cont.worker_id)) for w in targets]
+    return torch.futures.collect_all(futs).then(lambda _: None)
+
+
+# public ------------------------------------------------------------------------------------------
+def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool = False) -> None:
+    """Run the distributed backward pass of ``context_id`` from ``roots``.
+
+    Gradients are accumulated into the context on every worker the graph reaches
+    (``get_gradients(context_id)`` on that worker), never into ``.grad``. Returns when all
+    those workers have finished. A failure anywhere raises ``RuntimeError("Error on Node N:
+    ...")`` here.
+    """
+    if not isinstance(context_id, int) or isinstance(context_id, bool):
+        raise TypeError(f"context_id must be an int, got {type(context_id).__name__}")
+    cont = container()
+    ctx = cont.retrieve(context_id)
+    roots = validate_roots(roots)
+    me = cont.worker_id
+    cont.pass_started(context_id)
+    try:
+        try:
+            # The root run is the only local run of this pass when this worker sent nothing in
+            # the context: then it may free the graph as plain autograd would.
+            with ctx.lock:
+                local_retain = retain_graph or bool(ctx.sends)
+            grads = [torch.ones_like(r) for r in roots]
+            outbound = _run_local(ctx, roots, grads, local_retain)
+        except Exception as exc:
+            result = ("err", me, f"{exc}", frozenset({me}))
+        else:
+            result = _dispatch(ctx, me, outbound, retain_graph).wait()
+        if not retain_graph:
+            _end_pass_on(result[-1], context_id, me)
+    finally:
+        cont.pass_finished(context_id)
+    if result[0] == "err":
+        raise RuntimeError(f"Error on Node {result[1]}: {result[2]}")
+
+
+def _end_pass_on(workers, context_id: int, me: int) -> None:
+    futs = [rpc.rpc_async(w, _end_pass, args=(context_id,)) for w in workers if w != me]
+    _end_pass(context_id)
+    for fut in futs:
+        try:
+            fut.wait()
+        except Exception as exc:  # the pass result matters more than its cleanup
+            warnings.warn(f"releasing the graph of context {context_id}: {exc}", stacklevel=3)
+
+
+def release_context(context_id: int) -> None:
+    """Delete ``context_id`` here and on every worker it reached (called on context exit)."""
+    cont = container()
+    ctx = cont.pop(context_id)
+    if ctx is None:
+        return
+    with ctx.lock:
+        targets = [w for w in ctx.known_workers if w != cont.worker_id]
+    ctx.release_graph()
+    futs = [rpc.rpc_async(w, _release, args=(context_id, cont.worker_id)) for w in targets]
+    for w, fut in zip(targets, futs):
+        try:
+            fut.wait()
+        except Exception as exc:
+            warnings.warn(
+                f"could not release autograd context {context_id} on worker {w}: {exc}",
+                stacklevel=3,
+            )
+
+
+def _get_debug_info() -> dict[str, int]:
+    """``num_current_backward_passes`` and ``num_autograd_contexts`` on this worker."""
+    return container().debug_info()
+
+
+debug_info = _get_debug_info

@@ -1,0 +1,134 @@
+"""Send and recv autograd functions, and the walk that records them on RPC payloads.
+
+[Note: send/recv pairs]
+When a tensor that requires grad crosses an RPC made in a context, the sender records a
+``SendFunction`` node and the receiver attaches the tensor to a ``RecvFunction`` node:
+
+    worker A                                   worker B
+    x ──> SendBackward  ═══ (ctx, send_id) ═══> RecvBackward ──> x' (requires grad)
+
+- ``SendFunction.apply(x)`` returns an alias of ``x`` whose grad_fn's edge points at x's
+  producer *at send time*; the context keeps it under a fresh ``send_id``. When a gradient for
+  that send id comes back, the engine runs the local graph from it.
+- ``RecvFunction.apply(anchor, payload)`` makes the received tensor require grad and gives it a
+  grad_fn (so it can be a backward root). The node carries ``(origin worker, send_id, epoch)``;
+  the engine never executes it: it captures the gradient flowing *into* it (as an input of
+  ``torch.autograd.grad``) and ships it to the origin.
+
+On the wire a recorded tensor travels as a detached tensor inside a ``WireTensor`` marker.
+Nested tuples, lists (and namedtuples) and dicts are walked; other objects pass unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .context import DistAutogradContext
+
+
+class SendFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor):  # noqa: D102
+        return tensor.detach()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        return grad
+
+
+class RecvFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, payload):  # noqa: D102
+        return payload
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        # Only reached by a plain local torch.autograd.backward through a received tensor:
+        # gradients of received tensors flow back only through distributed backward.
+        return None, None
+
+
+RecvBackward = RecvFunction._backward_cls
+SendBackward = SendFunction._backward_cls
+
+
+class WireTensor:
+    """A tensor that requires grad, in flight: its data and the sender's send id."""
+
+    __slots__ = ("tensor", "send_id")
+
+    def __init__(self, tensor: torch.Tensor, send_id: int) -> None:
+        self.tensor = tensor
+        self.send_id = send_id
+
+    def __getstate__(self):
+        return (self.tensor, self.send_id)
+
+    def __setstate__(self, state):
+        self.tensor, self.send_id = state
+
+    def __repr__(self) -> str:
+        return f"WireTensor(send_id={self.send_id}, shape={tuple(self.tensor.shape)})"
+
+
+def _map(obj: Any, fn) -> Any:
+    """Apply ``fn`` to every tensor/WireTensor in nested tuples, lists, namedtuples, dicts."""
+    if isinstance(obj, (torch.Tensor, WireTensor)):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        items = [_map(o, fn) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, list):
+        return [_map(o, fn) for o in obj]
+    if isinstance(obj, dict):
+        return type(obj)((k, _map(v, fn)) for k, v in obj.items())
+    return obj
+
+
+def pack(ctx: DistAutogradContext, dst: int, obj: Any) -> tuple[Any, int]:
+    """Replace every tensor requiring grad in ``obj`` by a ``WireTensor`` and record a send.
+
+    Returns the packed object and the number of sends recorded. Outside grad mode nothing
+    is recorded (like a forward under ``torch.no_grad()``).
+    """
+    if not torch.is_grad_enabled():
+        return obj, 0
+    count = 0
+
+    def one(t):
+        nonlocal count
+        if not isinstance(t, torch.Tensor) or not t.requires_grad:
+            return t
+        count += 1
+        send_output = SendFunction.apply(t)
+        return WireTensor(t.detach(), ctx.add_send(send_output, dst))
+
+    packed = _map(obj, one)
+    return packed, count
+
+
+def unpack(ctx: DistAutogradContext, origin: int, obj: Any) -> Any:
+    """Attach every ``WireTensor`` in ``obj`` to a ``RecvFunction`` for ``(origin, send_id)``."""
+    found = False
+
+    def one(t):
+        nonlocal found
+        if not isinstance(t, WireTensor):
+            return t
+        found = True
+        with torch.enable_grad():
+            out = RecvFunction.apply(ctx.anchor, t.tensor)
+        node = out.grad_fn
+        node.origin = origin
+        node.send_id = t.send_id
+        node.epoch = ctx.graph_epoch
+        node.context_id = ctx.context_id
+        return out
+
+    out = _map(obj, one)
+    if found:
+        with ctx.lock:
+            ctx.known_workers.add(origin)
+    return out

@@ -1,0 +1,86 @@
+"""DistributedOptimizer: step parameters held on remote workers with a context's gradients.
+
+Usage::
+
+    params = [rpc.remote("ps", get_weight), rpc.remote("ps", get_bias)]   # RRefs to params
+    opt = DistributedOptimizer(torch.optim.SGD, params, lr=0.05)
+    with dist_autograd.context() as context_id:
+        loss = dist_autograd.rpc_sync("ps", forward, args=(x,)).sum()
+        dist_autograd.backward(context_id, [loss])
+        opt.step(context_id)     # each owner steps its params with ITS gradients of context_id
+
+One local optimizer is created on each owner worker for the parameters it owns. ``step`` reads
+the gradients accumulated on that owner for ``context_id`` (a parameter without one is skipped
+by the optimizer, as a parameter with ``grad is None``), and never leaves them in ``.grad``.
+Steps on one local optimizer are serialized, so several trainers can share a parameter server.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from torch.distributed import rpc
+
+from .context import container
+
+
+class _LocalOptimizer:
+    def __init__(self, optimizer_class, param_rrefs, args, kwargs) -> None:
+        self.params = [r.local_value() for r in param_rrefs]
+        self.optim = optimizer_class(self.params, *args, **kwargs)
+        self.lock = threading.Lock()
+
+    def step(self, context_id: int) -> None:
+        ctx = container().retrieve(context_id)
+        with ctx.lock:
+            grads = dict(ctx.grads)
+        with self.lock:
+            saved = [p.grad for p in self.params]
+            try:
+                for p in self.params:
+                    p.grad = grads.get(p)
+                self.optim.step()
+            finally:
+                for p, g in zip(self.params, saved):
+                    p.grad = g
+
+
+def _new_local_optimizer(optimizer_class, param_rrefs, args, kwargs):
+    return rpc.RRef(_LocalOptimizer(optimizer_class, param_rrefs, args, kwargs))
+
+
+def _local_step(optimizer_rref, context_id: int) -> None:
+    optimizer_rref.local_value().step(context_id)
+
+
+class DistributedOptimizer:
+    """``torch.distributed.optim.DistributedOptimizer``'s shape, on refimpl's contexts."""
+
+    def __init__(self, optimizer_class, params_rref, *args, **kwargs) -> None:
+        by_owner: dict[int, list] = {}
+        owners = {}
+        for rref in params_rref:
+            owner = rref.owner()
+            by_owner.setdefault(owner.id, []).append(rref)
+            owners[owner.id] = owner
+        futs = [
+            rpc.rpc_async(owners[w], _new_local_optimizer, args=(optimizer_class, rrefs, args, kwargs))
+            for w, rrefs in by_owner.items()
+        ]
+        self.remote_optimizers = [f.wait() for f in futs]
+
+    def step(self, context_id: int) -> None:
+        futs = [
+            (opt.owner().id, rpc.rpc_async(opt.owner(), _local_step, args=(opt, context_id)))
+            for opt in self.remote_optimizers
+        ]
+        errors = []
+        for worker, fut in futs:
+            try:
+                fut.wait()
+            except Exception as exc:
+                errors.append(f"Error on Node {worker}: {exc}")
+        if errors:
+            raise RuntimeError("DistributedOptimizer.step failed:\n" + "\n".join(errors))
+
+

@@ -1,0 +1,128 @@
+"""Compositions run three ways: locally, through refimpl's RPC, through torch's RPC.
+
+Each case is ``case(call, *tensors) -> scalar loss`` where ``call(to, fn, args)`` is the RPC
+(or a local call). Functions that run on other workers and call further take the mode name, so
+the nested hop uses the same machinery.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def call_for(mode: str):
+    if mode == "local":
+        return lambda to, fn, args: fn(*args)
+    if mode == "refimpl":
+        import refimpl.distributed_autograd as dist_autograd
+
+        return lambda to, fn, args: dist_autograd.rpc_sync(to, fn, args=args)
+    if mode == "torch":
+        from torch.distributed import rpc
+
+        return lambda to, fn, args: rpc.rpc_sync(to, fn, args=args)
+    raise ValueError(mode)
+
+
+# functions executed on remote workers ---------------------------------------------------------
+def hop_to_2(mode, x):
+    """On worker1: compute, call worker2, compute again (chain 0 -> 1 -> 2)."""
+    h = x * 2 + 1
+    z = call_for(mode)("worker2", torch.mul, (h, h))
+    return z.sin() + h
+
+
+def back_to_0(mode, x, w):
+    """On worker1: call back into worker0 (round trip 0 -> 1 -> 0)."""
+    y = x.exp() * w
+    z = call_for(mode)("worker0", torch.mul, (y, y))
+    return z + y
+
+
+def nested_structures(pair, items, named):
+    a, b = pair
+    return {"sum": (a * b, [a + items[0]]), "cos": named["t"].cos(), "n": 3}
+
+
+def ignore_second(x, y):
+    return x * 3
+
+
+# cases -----------------------------------------------------------------------------------------
+def simple(mode, x, w):
+    return call_for(mode)("worker1", torch.mul, (x, w)).sum()
+
+
+def chain(mode, x, w):
+    y = call_for(mode)("worker1", hop_to_2, (mode, x * w))
+    return (y * w).sum()
+
+
+def fan_out(mode, x, w):
+    call = call_for(mode)
+    h = x * w
+    a = call("worker1", torch.tanh, (h,))
+    b = call("worker2", torch.sigmoid, (h,))
+    return (a * b).sum() + h.sum()
+
+
+def sent_twice(mode, x, w):
+    call = call_for(mode)
+    a = call("worker1", torch.mul, (x, w))
+    b = call("worker1", torch.add, (x, a))
+    c = call("worker2", torch.mul, (x, x))
+    return (a + b + c).sum()
+
+
+def round_trip(mode, x, w):
+    y = call_for(mode)("worker1", back_to_0, (mode, x, w))
+    return (y * x).sum()
+
+
+def structures(mode, x, w):
+    out = call_for(mode)("worker1", nested_structures, ((x, w), [x * 2], {"t": w}))
+    assert out["n"] == 3
+    prod, (s,) = out["sum"]
+    return (prod * s).sum() + out["cos"].sum()
+
+
+def self_call(mode, x, w):
+    return call_for(mode)("worker0", torch.mul, (x, w)).sum()
+
+
+def unused_leaf(mode, x, w):
+    # w is sent but the callee ignores it: its gradient is absent (not zero) in every mode.
+    return call_for(mode)("worker1", ignore_second, (x, w)).sum()
+
+
+CASES = [simple, chain, fan_out, sent_twice, round_trip, structures, self_call, unused_leaf]
+
+
+def multi_roots(mode, x, w):
+    call = call_for(mode)
+    r1 = call("worker1", torch.add, (x, w)).sum()
+    r2 = call("worker2", torch.mul, (x, w)).sum()
+    r3 = call("worker1", torch.cos, (x,)).sum()
+    r4 = (x * w).sum()
+    return [r1, r2, r3, r4]
+
+
+class SimulateBackwardError(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("Simulate error on backward pass")
+
+
+def fail_in_backward(x):
+    return SimulateBackwardError.apply(x * 2)
+
+
+def fail_deeper(x):
+    """On worker1: forward to worker2 where the backward will fail."""
+    import refimpl.distributed_autograd as dist_autograd
+
+    return dist_autograd.rpc_sync("worker2", fail_in_backward, args=(x + 1,)) * 2
