@@ -1,0 +1,261 @@
+"""``DistributedDataParallel``: a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
+
+The wrapper owns what happens around the wrapped module's forward (buffer broadcast, the
+reducer's per-iteration preparation, ``no_sync``); the gradient averaging itself lives in
+``refimpl.reducer`` and its bucket plan in ``refimpl.bucketing``.
+
+Usage::
+
+    >>> from refimpl import DistributedDataParallel as DDP
+    >>> ddp = DDP(model, process_group=pg, find_unused_parameters=True)
+    >>> with ddp.no_sync():          # accumulate locally ...
+    ...     ddp(x0).sum().backward()
+    >>> ddp(x1).sum().backward()     # ... and average the total here
+    >>> ddp.get_backward_stats().overlap_fraction()
+
+The process group is resolved once, at construction (``dist.group.WORLD`` when none is
+given); nothing is kept in module-level state, so several instances on different groups
+coexist.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .bucketing import DEFAULT_BUCKET_CAP_BYTES
+from .reducer import Reducer
+from .reducer_stats import BackwardStats
+
+__all__ = ["DistributedDataParallel"]
+
+# Keywords of torch's DDP that refimpl does not implement: passing a non-default value is an
+# error (a silently ignored option would train differently from what the user asked for).
+_UNSUPPORTED = {
+    "delay_all_reduce_named_params": None,
+    "param_to_hook_all_reduce": None,
+    "mixed_precision": None,
+    "device_mesh": None,
+    "skip_all_reduce_unused_params": False,
+    "bucket_cap_mb_list": None,
+}
+
+
+class DistributedDataParallel(nn.Module):
+    """Average gradients across a process group during backward (see module docstring).
+
+    Differences from torch, on purpose: a parameter that gets no gradient without
+    ``find_unused_parameters=True`` raises at the end of *that* backward (torch waits for the
+    next forward); ``check_reduction`` is accepted and ignored as in torch (the reducer always
+    checks); ``batched_grad_copy`` is accepted and has no effect (results are identical).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids=None,
+        output_device=None,
+        dim: int = 0,
+        broadcast_buffers: bool = True,
+        init_sync: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float | None = None,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        forward_sync_buffers: bool | None = None,
+        batched_grad_copy: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__()
+        for name, value in kwargs.items():
+            if name not in _UNSUPPORTED:
+                raise TypeError(f"DistributedDataParallel got an unexpected keyword argument {name!r}")
+            if value != _UNSUPPORTED[name]:
+                raise ValueError(
+                    f"refimpl DistributedDataParallel does not support {name}={value!r}; "
+                    f"leave it at {_UNSUPPORTED[name]!r} or use torch.nn.parallel.DistributedDataParallel"
+                )
+        if check_reduction:
+            warnings.warn(
+                "check_reduction is deprecated (as in torch) and ignored: the reducer always checks "
+                "that every parameter was reduced",
+                FutureWarning,
+                stacklevel=2,
+            )
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "DistributedDataParallel needs an initialized process group: call "
+                "torch.distributed.init_process_group(...) first or pass process_group="
+            )
+        if isinstance(module, DistributedDataParallel) or type(module).__name__ == "DistributedDataParallel":
+            raise ValueError("the module is already wrapped in DistributedDataParallel")
+        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        params = [(n, p) for n, p in params if n not in ignore]
+        if not params:
+            raise RuntimeError(
+                "DistributedDataParallel is not needed when a module has no parameter that requires a gradient"
+            )
+        devices = {p.device for _, p in params}
+        if device_ids is not None:
+            if len(device_ids) != 1:
+                raise ValueError(f"device_ids must hold exactly one device (one process per device), got {device_ids}")
+            if len(devices) != 1 or next(iter(devices)).type == "cpu":
+                raise ValueError(
+                    "device_ids is only for single-device GPU modules; leave it None for CPU or multi-device modules "
+                    f"(module parameters are on {sorted(map(str, devices))})"
+                )
+            want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
+            device = next(iter(devices))
+            if want is not None and want != device or want is None and device.index != device_ids[0]:
+                raise ValueError(f"device_ids={device_ids} but the module's parameters are on {device}")
+        self.module = module
+        self.device_ids = list(device_ids) if device_ids is not None else None
+        self.output_device = output_device
+        self.dim = dim
+        self.device = next(iter(devices)) if len(devices) == 1 else None
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
+        self.broadcast_buffers = broadcast_buffers
+        self.forward_sync_buffers = broadcast_buffers if forward_sync_buffers is None else forward_sync_buffers
+        init_sync_buffers = broadcast_buffers if forward_sync_buffers is None else True
+        self.bucket_bytes_cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        self._buffers_to_sync = _unique(b for n, b in module.named_buffers() if n not in ignore)
+
+        if init_sync:
+            states = [p for n, p in module.named_parameters() if n not in ignore]
+            if init_sync_buffers:
+                states += self._buffers_to_sync
+            _broadcast_from_rank0(_unique(states), self.process_group)
+
+        sparse_weights = {
+            id(m.weight)
+            for m in module.modules()
+            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
+        }
+        self.reducer = Reducer(
+            [p for _, p in params],
+            [n for n, _ in params],
+            self.process_group,
+            bucket_cap_bytes=self.bucket_bytes_cap or DEFAULT_BUCKET_CAP_BYTES,
+            expect_sparse_gradient=[id(p) in sparse_weights for _, p in params],
+            find_unused_parameters=find_unused_parameters,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            static_graph=static_graph,
+        )
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, *inputs, **kwargs):
+        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if sync:
+            self.reducer.prepare_for_forward()
+        else:
+            self.reducer.skip_backward()
+        if self.require_forward_param_sync and self.forward_sync_buffers and self._buffers_to_sync:
+            # Rank 0's buffers win (e.g. BatchNorm running stats), as in torch.
+            _broadcast_from_rank0(self._buffers_to_sync, self.process_group)
+        if self.device_ids:
+            device = self.device
+            inputs = _to_device(inputs, device)
+            kwargs = _to_device(kwargs, device)
+        output = self.module(*inputs, **kwargs)
+        if sync:
+            self.require_forward_param_sync = True
+            walk = self.find_unused_parameters and not self.static_graph
+            self.reducer.prepare_for_backward(list(_find_tensors(output)) if walk else ())
+        else:
+            self.require_forward_param_sync = False
+        return output
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside accumulate locally; the next synced backward averages the total."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    # ------------------------------------------------------------ comm hooks
+    def register_comm_hook(self, state: object, hook) -> None:
+        """Reduce each bucket with ``hook(state, bucket) -> Future[Tensor]`` (torch's signature)."""
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+        try:
+            n_args = len(inspect.signature(hook).parameters)
+        except (TypeError, ValueError):
+            n_args = 2
+        if n_args != 2:
+            raise ValueError(f"comm hook must take (state, bucket), got a callable with {n_args} parameters")
+        self.reducer.register_comm_hook(state, hook)
+
+    # ----------------------------------------------------------------- stats
+    def get_backward_stats(self) -> BackwardStats:
+        """Per-parameter ready times and per-bucket launch/finish times of the last backward."""
+        return self.reducer.get_backward_stats()
+
+    @property
+    def bucket_plan(self):
+        return self.reducer.plan
+
+
+def _unique(tensors) -> list[torch.Tensor]:
+    seen, out = set(), []
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+@torch.no_grad()
+def _broadcast_from_rank0(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Broadcast ``tensors`` from group rank 0, one flat message per (dtype, device)."""
+    src = dist.get_global_rank(group, 0)
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for same in groups.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in same])
+        dist.broadcast(flat, src=src, group=group)
+        offset = 0
+        for t in same:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+
+def _find_tensors(obj) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _find_tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _find_tensors(x)
+
+
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, tuple):
+        return tuple(_to_device(x, device) for x in obj)
+    if isinstance(obj, list):
+        return [_to_device(x, device) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
