@@ -36,3 +36,20 @@ __all__ = [
     "scatter",
     "scatter_kwargs",
 ]
+
+
+# [Note: the package is callable]
+# `refimpl` exports the *function* `data_parallel` under the same name as this *package*.
+# Whichever is bound to `refimpl.data_parallel` depends on import order (importing a
+# submodule rebinds the attribute to the package), so the package itself is made callable
+# and forwards to the function: `refimpl.data_parallel(model, x, devices)` works either way.
+import sys as _sys
+import types as _types
+
+
+class _CallablePackage(_types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return data_parallel(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallablePackage
