@@ -126,3 +126,30 @@ def fail_deeper(x):
     import refimpl.distributed_autograd as dist_autograd
 
     return dist_autograd.rpc_sync("worker2", fail_in_backward, args=(x + 1,)) * 2
+
+
+# probing the engine from inside a backward ------------------------------------------------------
+RECORDED: list = []
+
+
+class RecordDebugInfo(torch.autograd.Function):
+    """Identity whose backward records the worker's debug info while the pass runs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import refimpl.distributed_autograd as dist_autograd
+
+        RECORDED.append(dist_autograd._get_debug_info())
+        return grad
+
+
+def record_in_backward(x):
+    return RecordDebugInfo.apply(x) * 2
+
+
+def recorded():
+    return list(RECORDED)

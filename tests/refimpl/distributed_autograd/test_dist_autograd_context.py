@@ -1,0 +1,119 @@
+"""Contexts: ids, nesting, thread-locality, release on every worker."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from dist_autograd_world import run_world, worker_name
+
+from refimpl.distributed_autograd.context import ContextContainer
+
+
+def test_ids_carry_worker_id_in_high_bits():
+    cont = ContextContainer(worker_id=5)
+    ids = [cont.new_context().context_id for _ in range(3)]
+    assert [i >> 48 for i in ids] == [5, 5, 5], ids
+    assert [i & ((1 << 48) - 1) for i in ids] == [0, 1, 2], ids
+    assert cont.max_id() == (5 << 48) + 281474976710655
+    assert cont.debug_info() == {"num_current_backward_passes": 0, "num_autograd_contexts": 3}
+
+
+def test_retrieve_unknown_and_released():
+    cont = ContextContainer(worker_id=1)
+    ctx = cont.new_context()
+    assert cont.retrieve(ctx.context_id) is ctx
+    cont.pop(ctx.context_id)
+    with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {ctx.context_id}"):
+        cont.retrieve(ctx.context_id)
+
+
+def test_get_or_create_is_keyed_by_id_and_passes_are_counted():
+    cont = ContextContainer(worker_id=2)
+    remote_id = (7 << 48) | 3
+    a = cont.get_or_create(remote_id)
+    assert cont.get_or_create(remote_id) is a
+    cont.pass_started(remote_id)
+    cont.pass_started(remote_id)
+    assert cont.debug_info()["num_current_backward_passes"] == 1
+    cont.pass_finished(remote_id)
+    cont.pass_finished(remote_id)
+    assert cont.debug_info() == {"num_current_backward_passes": 0, "num_autograd_contexts": 1}
+
+
+def test_worker_id_must_fit_16_bits():
+    with pytest.raises(ValueError, match="16 bits"):
+        ContextContainer(worker_id=1 << 16)
+
+
+# ---------------------------------------------------------------------------------------------
+def _remote_current_id():
+    import refimpl.distributed_autograd as dist_autograd
+
+    return dist_autograd.current_context_id()
+
+
+def _check_contexts(world_size):
+    import refimpl.distributed_autograd as dist_autograd
+    from refimpl.distributed_autograd.context import _retrieve_context
+
+    # ids, and release on exit
+    ids = []
+    for _ in range(5):
+        with dist_autograd.context() as cid:
+            assert cid >> 48 == 0, hex(cid)
+            assert _retrieve_context(cid).context_id == cid
+            assert dist_autograd.current_context_id() == cid
+            ids.append(cid)
+    assert ids == sorted(set(ids)), ids
+    for cid in ids:
+        with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {cid}"):
+            dist_autograd.get_gradients(cid)
+
+    # nesting is an error, and the outer context survives it
+    with dist_autograd.context() as outer:
+        with pytest.raises(RuntimeError, match="Already have an autograd context id for this thread"):
+            with dist_autograd.context():
+                pass
+        assert dist_autograd.current_context_id() == outer
+
+    # thread-local: another thread has no current context, and can open its own
+    seen = {}
+    with dist_autograd.context() as mine:
+
+        def other():
+            try:
+                dist_autograd.current_context_id()
+            except RuntimeError as exc:
+                seen["no_ctx"] = str(exc)
+            with dist_autograd.context() as theirs:
+                seen["theirs"] = theirs
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+        assert not t.is_alive()
+        assert "no distributed autograd context" in seen["no_ctx"]
+        assert seen["theirs"] != mine
+        assert dist_autograd.current_context_id() == mine
+
+    # the callee runs inside the caller's context id; exit releases it there too
+    x = torch.ones(2, requires_grad=True)
+    with dist_autograd.context() as cid:
+        assert dist_autograd.rpc_sync(worker_name(1), _remote_current_id) == cid
+        dist_autograd.rpc_sync(worker_name(1), torch.mul, args=(x, 2))
+        info = dist_autograd.rpc_sync(worker_name(1), dist_autograd._get_debug_info)
+        assert info["num_autograd_contexts"] == 1, info
+    for r in range(world_size):
+        info = dist_autograd.rpc_sync(worker_name(r), dist_autograd._get_debug_info)
+        assert info == {"num_current_backward_passes": 0, "num_autograd_contexts": 0}, (r, info)
+
+    # outside a context the wrappers are plain RPCs
+    y = dist_autograd.rpc_sync(worker_name(1), torch.mul, args=(x.detach(), 2))
+    assert torch.equal(y, torch.full((2,), 2.0))
+
+
+@pytest.mark.slow
+def test_contexts_in_rpc_world():
+    run_world(_check_contexts, world_size=2)

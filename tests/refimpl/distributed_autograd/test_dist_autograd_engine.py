@@ -1,0 +1,209 @@
+"""The distributed backward: gradients vs local autograd and torch.distributed.autograd,
+root validation, retain_graph, errors and cleanup."""
+
+from __future__ import annotations
+
+import threading
+
+import dist_autograd_cases as cases
+import pytest
+import torch
+from dist_autograd_world import run_world, worker_name
+
+from refimpl.distributed_autograd.engine import validate_roots
+
+
+@pytest.mark.parametrize(
+    "roots, match",
+    [
+        ([], "No tensors provided for gradient computation"),
+        ([torch.rand(3, 3)], "requires_grad not set on root 0"),
+        ([torch.rand(3, 3, requires_grad=True)], r"root 0 of shape \(3, 3\) is not a scalar, all roots need to be scalar"),
+        ([torch.rand(1, requires_grad=True)], "root 0 does not have a valid gradient function"),
+    ],
+)
+def test_root_validation_messages(roots, match):
+    with pytest.raises(RuntimeError, match=match):
+        validate_roots(roots)
+
+
+def test_root_validation_types():
+    with pytest.raises(TypeError, match="list of scalar tensors"):
+        validate_roots(None)
+    with pytest.raises(TypeError, match="root 1 is a int"):
+        validate_roots([(torch.ones(1, requires_grad=True) * 2).sum(), 3])
+    good = (torch.ones(2, requires_grad=True) * 2).sum()
+    assert validate_roots((good,)) == [good]
+
+
+# ---------------------------------------------------------------------------------------------
+def _tensors(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 4, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(4, 4, generator=g, dtype=torch.float64).requires_grad_()
+    return x, w
+
+
+def _assert_grads(name, got, tensors, expected):
+    for i, (t, e) in enumerate(zip(tensors, expected)):
+        if e is None:
+            assert t not in got, f"{name}: tensor {i} unused yet has a gradient {got.get(t)}"
+        else:
+            assert t in got, f"{name}: tensor {i} has no gradient in the context"
+            torch.testing.assert_close(got[t], e, msg=lambda m: f"{name}: tensor {i}: {m}")
+
+
+def _check_backward(world_size):
+    import torch.distributed.autograd as torch_dist_autograd
+
+    import refimpl.distributed_autograd as dist_autograd
+
+    # every composition: refimpl == local autograd == torch.distributed.autograd
+    for seed, case in enumerate(cases.CASES):
+        x, w = _tensors(seed)
+        expected = torch.autograd.grad(case("local", x, w), [x, w], allow_unused=True)
+        with dist_autograd.context() as cid:
+            dist_autograd.backward(cid, [case("refimpl", x, w)])
+            _assert_grads(case.__name__, dist_autograd.get_gradients(cid), [x, w], expected)
+        assert x.grad is None and w.grad is None, f"{case.__name__}: wrote .grad"
+        if case is not cases.unused_leaf:  # torch's FAST mode hangs on an unused send function
+            with torch_dist_autograd.context() as cid:
+                torch_dist_autograd.backward(cid, [case("torch", x, w)])
+                _assert_grads(case.__name__ + "/torch", torch_dist_autograd.get_gradients(cid), [x, w], expected)
+
+    # several roots
+    x, w = _tensors(100)
+    expected = torch.autograd.grad(cases.multi_roots("local", x, w), [x, w])
+    with dist_autograd.context() as cid:
+        dist_autograd.backward(cid, cases.multi_roots("refimpl", x, w))
+        _assert_grads("multi_roots", dist_autograd.get_gradients(cid), [x, w], expected)
+
+    # a send function whose result is never used: the pass completes (no FAST-mode hang)
+    with dist_autograd.context() as cid:
+        dist_autograd.rpc_sync(worker_name(1), torch.add, args=(x, w))
+        dist_autograd.backward(cid, [(x * w).sum()])
+        _assert_grads("unused_send", dist_autograd.get_gradients(cid), [x, w], [w.detach(), x.detach()])
+
+    # retain_graph: repeated backward accumulates in the context; then the graph is released
+    expected = torch.autograd.grad(cases.chain("local", x, w), [x, w])
+    with dist_autograd.context() as cid:
+        loss = cases.chain("refimpl", x, w)
+        for _ in range(3):
+            dist_autograd.backward(cid, [loss], retain_graph=True)
+        grads = dist_autograd.get_gradients(cid)
+        _assert_grads("retain_graph x3", grads, [x, w], [3 * e for e in expected])
+        dist_autograd.backward(cid, [loss])  # 4th, frees the graph
+        _assert_grads("retain_graph x4", dist_autograd.get_gradients(cid), [x, w], [4 * e for e in expected])
+        with pytest.raises(RuntimeError, match="backward through the distributed graph a second time"):
+            dist_autograd.backward(cid, [loss])
+        # a fresh forward in the same context works again and keeps accumulating
+        dist_autograd.backward(cid, [cases.chain("refimpl", x, w)])
+        _assert_grads("after release", dist_autograd.get_gradients(cid), [x, w], [5 * e for e in expected])
+
+    # rpc_async, remote + to_here, and an RRef passed to another call
+    with dist_autograd.context() as cid:
+        fut = dist_autograd.rpc_async(worker_name(2), torch.matmul, args=(x, w))
+        a = fut.wait()
+        rref = dist_autograd.remote(worker_name(1), torch.mul, args=(a, w))
+        b = dist_autograd.to_here(rref)
+        loss = (b * x).sum()
+        dist_autograd.backward(cid, [loss])
+        got = dist_autograd.get_gradients(cid)
+    expected = torch.autograd.grad((((x @ w) * w) * x).sum(), [x, w])
+    _assert_grads("rpc_async/remote/to_here", got, [x, w], expected)
+
+    # the pass is visible in the debug info of a worker while it runs there
+    cases_probe = worker_name(1)
+    with dist_autograd.context() as cid:
+        y = dist_autograd.rpc_sync(cases_probe, cases.record_in_backward, args=(x,))
+        dist_autograd.backward(cid, [y.sum()])
+    seen = dist_autograd.rpc_sync(cases_probe, cases.recorded)
+    assert seen == [{"num_current_backward_passes": 1, "num_autograd_contexts": 1}], seen
+
+    # two threads, two contexts, backward concurrently through the same workers
+    results, errors = {}, []
+
+    def trainer(i):
+        try:
+            xi, wi = _tensors(200 + i)
+            with dist_autograd.context() as cid:
+                dist_autograd.backward(cid, [cases.fan_out("refimpl", xi, wi)])
+                results[i] = (xi, wi, dist_autograd.get_gradients(cid))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=trainer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and len(results) == 2, errors
+    for xi, wi, got in results.values():
+        _assert_grads("threads", got, [xi, wi], torch.autograd.grad(cases.fan_out("local", xi, wi), [xi, wi]))
+
+    _assert_nothing_left(world_size)
+
+
+def _assert_nothing_left(world_size):
+    import refimpl.distributed_autograd as dist_autograd
+
+    for r in range(world_size):
+        info = dist_autograd.rpc_sync(worker_name(r), dist_autograd._get_debug_info)
+        assert info == {"num_current_backward_passes": 0, "num_autograd_contexts": 0}, (r, info)
+
+
+@pytest.mark.slow
+def test_backward_matches_local_and_torch():
+    run_world(_check_backward, world_size=3)
+
+
+# ---------------------------------------------------------------------------------------------
+def _check_errors(world_size):
+    import refimpl.distributed_autograd as dist_autograd
+
+    x, w = _tensors(7)
+
+    # backward outside any context / with an unknown id
+    with pytest.raises(RuntimeError, match="Could not find autograd context with id: 100"):
+        dist_autograd.backward(100, [(x * w).sum()])
+    with pytest.raises(TypeError, match="context_id must be an int"):
+        dist_autograd.backward(None, [(x * w).sum()])
+
+    # validation inside a context
+    with dist_autograd.context() as cid:
+        with pytest.raises(RuntimeError, match="No tensors provided"):
+            dist_autograd.backward(cid, [])
+        with pytest.raises(RuntimeError, match="is not a scalar"):
+            dist_autograd.backward(cid, [x * w])
+
+    # an error two hops away surfaces on the caller, naming the node
+    with pytest.raises(RuntimeError, match="Error on Node 2: Simulate error on backward pass"):
+        with dist_autograd.context() as cid:
+            y = dist_autograd.rpc_sync(worker_name(1), cases.fail_deeper, args=(x * w,))
+            dist_autograd.backward(cid, [y.sum()])
+    _assert_nothing_left(world_size)
+
+    # an error on the caller itself is Node 0
+    with dist_autograd.context() as cid:
+        y = dist_autograd.rpc_sync(worker_name(1), torch.mul, args=(x, w))
+        with pytest.raises(RuntimeError, match="Error on Node 0: Simulate error on backward pass"):
+            dist_autograd.backward(cid, [cases.fail_in_backward(y).sum()])
+        assert dist_autograd._get_debug_info()["num_current_backward_passes"] == 0
+    _assert_nothing_left(world_size)
+
+    # with retain_graph, a failed pass can be followed by working passes in the same context
+    with dist_autograd.context() as cid:
+        y = dist_autograd.rpc_sync(worker_name(1), cases.fail_in_backward, args=(x,))
+        z = dist_autograd.rpc_sync(worker_name(2), torch.mul, args=(x, w))
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="Error on Node 1"):
+                dist_autograd.backward(cid, [y.sum()], retain_graph=True)
+        dist_autograd.backward(cid, [z.sum()], retain_graph=True)
+        got = dist_autograd.get_gradients(cid)
+        torch.testing.assert_close(got[w], x.detach())
+    _assert_nothing_left(world_size)
+
+
+@pytest.mark.slow
+def test_errors_and_cleanup():
+    run_world(_check_errors, world_size=3)

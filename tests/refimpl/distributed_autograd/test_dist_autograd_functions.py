@@ -1,0 +1,101 @@
+"""Send/recv recording on payloads, without RPC (one process plays both sides)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+import torch
+
+from refimpl.distributed_autograd.context import ContextContainer
+from refimpl.distributed_autograd.engine import _run_local
+from refimpl.distributed_autograd.functions import (
+    RecvBackward,
+    SendBackward,
+    WireTensor,
+    pack,
+    unpack,
+)
+
+Pair = namedtuple("Pair", "a b")
+
+
+def test_pack_records_one_send_per_tensor_requiring_grad_in_nested_structures():
+    ctx = ContextContainer(0).new_context()
+    x = torch.randn(3, requires_grad=True)
+    plain = torch.randn(3)
+    obj = (x, [plain, {"k": x * 2}], Pair(x, 7), "s")
+    packed, count = pack(ctx, 1, obj)
+    assert count == 3
+    assert isinstance(packed[0], WireTensor) and not packed[0].tensor.requires_grad
+    assert packed[1][0] is plain
+    assert isinstance(packed[1][1]["k"], WireTensor)
+    assert type(packed[2]) is Pair and packed[2].b == 7 and packed[3] == "s"
+    assert sorted(ctx.sends) == [0, 1, 2]
+    assert all(isinstance(s.grad_fn, SendBackward) and dst == 1 for s, dst in ctx.sends.values())
+    assert ctx.known_workers == {1}
+
+
+def test_nothing_recorded_under_no_grad():
+    ctx = ContextContainer(0).new_context()
+    x = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        packed, count = pack(ctx, 1, (x,))
+    assert count == 0 and packed[0] is x and not ctx.sends
+
+
+def test_unpack_attaches_recv_functions():
+    ctx = ContextContainer(1).new_context()
+    wire = WireTensor(torch.arange(3.0), send_id=4)
+    out = unpack(ctx, 0, {"a": [wire], "b": 2})
+    t = out["a"][0]
+    assert t.requires_grad and isinstance(t.grad_fn, RecvBackward)
+    assert (t.grad_fn.origin, t.grad_fn.send_id, t.grad_fn.context_id) == (0, 4, ctx.context_id)
+    assert torch.equal(t, torch.arange(3.0)) and out["b"] == 2
+    assert ctx.known_workers == {0}
+
+
+def test_loopback_send_recv_routes_gradients():
+    """Sender graph -> wire -> receiver graph; the receiver's run yields the sender's grads."""
+    sender = ContextContainer(0).new_context()
+    receiver = ContextContainer(1).get_or_create(sender.context_id)
+    w = torch.randn(3, requires_grad=True)
+    h = w * 3
+    packed, _ = pack(sender, 1, (h,))
+    (x,) = unpack(receiver, 0, packed)
+    loss = (x * x).sum()
+    outbound = _run_local(receiver, [loss], [torch.ones(())], retain_graph=False)
+    [(send_id, grad)] = outbound[0]
+    torch.testing.assert_close(grad, 2 * h.detach())
+    send_output, _ = sender.sends[send_id]
+    assert _run_local(sender, [send_output], [grad], retain_graph=True) == {}
+    torch.testing.assert_close(sender.grads[w], 6 * h.detach())
+    assert w.grad is None  # never written to .grad
+
+
+def test_in_place_after_send_uses_the_graph_as_sent():
+    ctx = ContextContainer(0).new_context()
+    w = torch.randn(3, requires_grad=True)
+    h = w * 2
+    pack(ctx, 1, (h,))
+    h.mul_(5)  # later in-place change does not rewire the recorded send
+    send_output, _ = ctx.sends[0]
+    _run_local(ctx, [send_output], [torch.ones(3)], retain_graph=True)
+    torch.testing.assert_close(ctx.grads[w], torch.full((3,), 2.0))
+
+
+def test_wire_tensor_pickles():
+    import pickle
+
+    wt = pickle.loads(pickle.dumps(WireTensor(torch.ones(2), 9)))
+    assert wt.send_id == 9 and torch.equal(wt.tensor, torch.ones(2))
+    assert "send_id=9" in repr(wt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_are_accumulated_per_leaf(dtype):
+    ctx = ContextContainer(0).new_context()
+    w = torch.ones(2, dtype=dtype, requires_grad=True)
+    for _ in range(2):
+        _run_local(ctx, [(w * 3).sum()], [torch.ones((), dtype=dtype)], retain_graph=False)
+    assert torch.equal(ctx.grads[w], torch.full((2,), 6.0, dtype=dtype))
