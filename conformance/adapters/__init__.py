@@ -1,0 +1,1 @@
+"""Adapters: how an implementation under test is plugged into the suite."""

@@ -1,0 +1,141 @@
+"""A generic adapter for any class whose constructor and `no_sync()` follow torch's DDP.
+
+This is what `--ddp-class pkg.module:Class` uses, and what the built-in `torch-ddp` and
+`refimpl-ddp` adapters are: the only difference between them is the class and the comm hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor, nn
+
+from conformance.spec import Capability, WrapOptions
+
+DDP_CAPABILITIES = frozenset(
+    {
+        Capability.NO_SYNC,
+        Capability.FIND_UNUSED,
+        Capability.SPARSE,
+        Capability.STATIC_GRAPH,
+        Capability.GRAD_AS_BUCKET_VIEW,
+        Capability.COMM_HOOK,
+        Capability.BUCKET_CAP,
+        Capability.BUFFER_BROADCAST,
+        Capability.HALF_PRECISION,
+    }
+)
+
+
+def torch_comm_hooks() -> dict[str, Callable]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return {
+        "allreduce": default_hooks.allreduce_hook,
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+    }
+
+
+def _cpu(t: Tensor | None) -> Tensor | None:
+    if t is None:
+        return None
+    t = t.detach()
+    if t.is_sparse:
+        t = t.coalesce().to_dense()
+    return t.to("cpu", copy=True)
+
+
+class DDPLikeWrapped:
+    """Drives a DDP-like object; reads gradients and parameters from its `.module`."""
+
+    def __init__(self, ddp: nn.Module):
+        self.ddp = ddp
+        self.module = ddp.module
+
+    def __call__(self, *inputs, **kwargs):
+        return self.ddp(*inputs, **kwargs)
+
+    def no_sync(self) -> AbstractContextManager:
+        return self.ddp.no_sync()
+
+    def full_gradients(self) -> dict[str, Tensor | None]:
+        return {n: _cpu(p.grad) for n, p in self.module.named_parameters() if p.requires_grad}
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        return {n: _cpu(p) for n, p in self.module.named_parameters()}
+
+    def full_buffers(self) -> dict[str, Tensor]:
+        return {n: _cpu(b) for n, b in self.module.named_buffers()}
+
+    def optimizer_parameters(self) -> Iterable[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def backward_stats(self):
+        stats = getattr(self.ddp, "backward_stats", None)
+        return stats() if callable(stats) else None
+
+
+class DDPLikeAdapter:
+    """Wraps modules with `cls(module, process_group=..., <torch DDP keywords>)`."""
+
+    area = "ddp"
+
+    def __init__(
+        self,
+        name: str,
+        cls: type,
+        *,
+        version: str,
+        capabilities: frozenset[Capability] = DDP_CAPABILITIES,
+        comm_hooks: Callable[[], dict[str, Callable]] = torch_comm_hooks,
+    ):
+        self.name, self.cls, self.version = name, cls, version
+        self.capabilities = frozenset(getattr(cls, "gradparity_capabilities", capabilities))
+        self._comm_hooks = comm_hooks
+
+    def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> DDPLikeWrapped:
+        kwargs = dict(
+            process_group=ctx.group,
+            find_unused_parameters=options.find_unused_parameters,
+        )
+        if not options.broadcast_buffers:  # passed only when off: torch 2.13 warns on the keyword
+            kwargs["broadcast_buffers"] = False
+        if ctx.device.type == "cuda":
+            kwargs["device_ids"] = [ctx.device.index]
+        if options.bucket_cap_mb is not None:
+            kwargs["bucket_cap_mb"] = options.bucket_cap_mb
+        if options.gradient_as_bucket_view:
+            kwargs["gradient_as_bucket_view"] = True
+        if options.static_graph:
+            kwargs["static_graph"] = True
+        ddp = self.cls(module, **kwargs)
+        if options.comm_hook:
+            hooks = self._comm_hooks()
+            if options.comm_hook not in hooks:
+                raise ValueError(f"{self.name}: no comm hook named {options.comm_hook!r}; known: {sorted(hooks)}")
+            ddp.register_comm_hook(ctx.group, hooks[options.comm_hook])
+        return DDPLikeWrapped(ddp)
+
+
+def torch_ddp() -> DDPLikeAdapter:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DDPLikeAdapter("torch-ddp", DistributedDataParallel, version=torch.__version__)
+
+
+def refimpl_ddp() -> DDPLikeAdapter:
+    import refimpl
+    from refimpl import DistributedDataParallel
+    from refimpl import comm_hooks
+
+    def hooks() -> dict[str, Callable]:
+        return {
+            "allreduce": comm_hooks.allreduce_hook,
+            "fp16": comm_hooks.fp16_compress_hook,
+            "bf16": comm_hooks.bf16_compress_hook,
+        }
+
+    return DDPLikeAdapter("refimpl-ddp", DistributedDataParallel, version=refimpl.__version__, comm_hooks=hooks)

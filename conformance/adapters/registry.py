@@ -1,0 +1,80 @@
+"""Finding adapters: by built-in name, by the `gradparity.adapters` entry-point group, by
+import path `pkg.module:factory`, or `ddp-class=pkg.module:Class` for any DDP-like class.
+
+An adapter is named by a *spec string* everywhere (CLI, scenarios' node ids, the task sent to
+ranks); each process loads the adapter object from it, so nothing unpicklable travels.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from importlib.metadata import entry_points
+
+DDP_CLASS_PREFIX = "ddp-class="
+
+# name -> "module:factory"; every built-in, whatever its area.
+BUILTINS: dict[str, str] = {
+    "torch-ddp": "conformance.adapters.ddp_like:torch_ddp",
+    "refimpl-ddp": "conformance.adapters.ddp_like:refimpl_ddp",
+}
+
+# What `gradparity run` tests when no --adapter is given.
+DEFAULT_ADAPTERS: tuple[str, ...] = ("torch-ddp", "refimpl-ddp")
+
+
+class AdapterError(ValueError):
+    """A bad adapter reference: the message is one line that says what to do."""
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group="gradparity.adapters")}
+
+
+def known_adapters() -> dict[str, str]:
+    return {**_entry_points(), **BUILTINS}
+
+
+def _import(ref: str, what: str):
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise AdapterError(f"{what} {ref!r} is not of the form pkg.module:name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AdapterError(f"cannot import {module_name!r} for {what} {ref!r}: {exc} (is it installed / on PYTHONPATH?)") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise AdapterError(f"module {module_name!r} has no attribute {attr!r} (from {what} {ref!r})") from None
+
+
+@functools.lru_cache(maxsize=None)
+def load(spec: str):
+    """Build the adapter named by `spec` (cached per process)."""
+    if spec.startswith(DDP_CLASS_PREFIX):
+        from conformance.adapters.ddp_like import DDPLikeAdapter
+
+        ref = spec[len(DDP_CLASS_PREFIX):]
+        cls = _import(ref, "--ddp-class")
+        if not isinstance(cls, type):
+            raise AdapterError(f"--ddp-class {ref!r} is not a class")
+        module = importlib.import_module(cls.__module__.split(".")[0])
+        version = getattr(cls, "__version__", getattr(module, "__version__", "unknown"))
+        return DDPLikeAdapter(getattr(cls, "gradparity_name", cls.__name__), cls, version=str(version))
+    known = known_adapters()
+    if spec in known:
+        factory = _import(known[spec], f"adapter {spec!r}")
+    elif ":" in spec:
+        factory = _import(spec, "adapter")
+    else:
+        raise AdapterError(f"unknown adapter {spec!r}; known: {', '.join(sorted(known))} (or pass pkg.module:factory)")
+    adapter = factory() if callable(factory) and not hasattr(factory, "wrap") else factory
+    for attr in ("name", "area", "capabilities"):
+        if not hasattr(adapter, attr):
+            raise AdapterError(f"adapter {spec!r} has no {attr!r}: see conformance.adapters.protocol.Adapter")
+    return adapter
+
+
+def ddp_class_spec(ref: str) -> str:
+    return DDP_CLASS_PREFIX + ref

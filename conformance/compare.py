@@ -1,0 +1,120 @@
+"""Tolerance policy and self-explanatory mismatch messages.
+
+A failure message must let someone act without rerunning: it names the scenario, rank,
+point in training, parameter, max abs/rel error, the worst index with expected and actual
+values, the tolerance, and a repro command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from conformance.spec import Tolerance
+
+
+@dataclass
+class Mismatch:
+    name: str
+    problem: str  # one line: what is wrong
+    max_abs: float = float("nan")
+    max_rel: float = float("nan")
+    worst_index: tuple[int, ...] | None = None
+    expected_value: float | None = None
+    actual_value: float | None = None
+
+    def render(self) -> str:
+        line = f"{self.name}: {self.problem}"
+        if self.worst_index is not None:
+            line += (
+                f"; max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}, worst at index "
+                f"{list(self.worst_index)}: expected {self.expected_value!r}, actual {self.actual_value!r}"
+            )
+        return line
+
+
+def compare_tensor(name: str, expected: Tensor | None, actual: Tensor | None, tol: Tolerance) -> Mismatch | None:
+    """None when `actual` is acceptable, otherwise what is wrong with it."""
+    if expected is None and actual is None:
+        return None
+    if expected is None:
+        if actual is not None and not actual.is_floating_point():
+            return Mismatch(name, "expected None (no rank used this parameter) but a value is present")
+        nonzero = int((actual != 0).sum())
+        return Mismatch(
+            name,
+            f"expected grad None (no rank used this parameter) but got a tensor ({nonzero} non-zero of {actual.numel()})",
+        )
+    if actual is None:
+        return Mismatch(name, "expected a gradient but got None (was the parameter reduced?)")
+    if actual.dtype != expected.dtype:
+        return Mismatch(name, f"dtype {actual.dtype} but expected {expected.dtype}")
+    if actual.shape != expected.shape:
+        return Mismatch(name, f"shape {tuple(actual.shape)} but expected {tuple(expected.shape)}")
+    e, a = expected.detach().to("cpu"), actual.detach().to("cpu")
+    if tol.exact:
+        if torch.equal(e, a) or (e.isnan() == a.isnan()).all() and torch.equal(e.nan_to_num(), a.nan_to_num()):
+            return None
+        bad = e != a
+    else:
+        ef, af = e.double(), a.double()
+        bad = ~torch.isclose(af, ef, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+        if not bad.any():
+            return None
+    ef, af = e.double(), a.double()
+    diff = (af - ef).abs()
+    rel = diff / ef.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    masked = torch.where(bad, diff, torch.zeros_like(diff))
+    flat = int(masked.flatten().argmax()) if masked.numel() else 0
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape)) if e.dim() else ()
+    return Mismatch(
+        name,
+        f"{int(bad.sum())} of {e.numel()} elements differ ({tol.describe()})",
+        max_abs=float(masked.max()) if masked.numel() else 0.0,
+        max_rel=float(torch.where(bad, rel, torch.zeros_like(rel)).max()) if rel.numel() else 0.0,
+        worst_index=index,
+        expected_value=float(ef.flatten()[flat]) if e.numel() else None,
+        actual_value=float(af.flatten()[flat]) if a.numel() else None,
+    )
+
+
+def compare_dicts(expected: dict, actual: dict, tol: Tolerance) -> list[Mismatch]:
+    """Compare by name; a missing or unexpected name is a mismatch too."""
+    out = []
+    for name in expected:
+        if name not in actual:
+            out.append(Mismatch(name, "missing from the implementation's result"))
+            continue
+        m = compare_tensor(name, expected[name], actual[name], tol)
+        if m:
+            out.append(m)
+    for name in actual:
+        if name not in expected:
+            out.append(Mismatch(name, "not a parameter of the model (unexpected name)"))
+    return out
+
+
+EXACT_ACROSS_RANKS = Tolerance(True, reason="ranks must be bitwise identical")
+
+
+class ConformanceError(AssertionError):
+    """A contract violation; its message is the whole explanation."""
+
+
+def failure_message(
+    *, scenario_id: str, adapter: str, rank: int, where: str, what: str, mismatches: list[Mismatch],
+    tol: Tolerance, repro: str, limit: int = 5,
+) -> str:
+    lines = [
+        f"[{scenario_id}] adapter {adapter}: rank {rank}, {where}: {what}",
+        f"  tolerance: {tol.describe()} ({tol.reason})",
+    ]
+    for m in mismatches[:limit]:
+        lines.append(f"  - {m.render()}")
+    if len(mismatches) > limit:
+        names = ", ".join(m.name for m in mismatches[limit:limit + 10])
+        lines.append(f"  ... and {len(mismatches) - limit} more: {names}")
+    lines.append(f"  repro: {repro}")
+    return "\n".join(lines)
