@@ -87,9 +87,9 @@ def time_steps(fns: dict, model: nn.Module, warmup: int, repeats: int, sync=lamb
 def bench_cpu(quick: bool, warmup: int, repeats: int) -> list[dict]:
     rows = []
     for name, model, x in models(quick):
-        fns = {"plain": lambda: model(x)}
+        fns = {"plain": lambda model=model, x=x: model(x)}
         for n in (1, 2, 4):
-            fns[n] = lambda devices=["cpu"] * n: data_parallel(model, x, devices)
+            fns[n] = lambda model=model, x=x, devices=["cpu"] * n: data_parallel(model, x, devices)
         t = time_steps(fns, model, warmup, repeats)
         for n in (1, 2, 4):
             rows.append({
@@ -111,7 +111,11 @@ def bench_cuda(quick: bool, warmup: int, repeats: int) -> tuple[list[dict], str 
         x = x.cuda(0)
         torch_dp = nn.DataParallel(model, devices)
         t = time_steps(
-            {"plain": lambda: model(x), "torch": lambda: torch_dp(x), "ours": lambda: data_parallel(model, x, devices)},
+            {
+                "plain": lambda model=model, x=x: model(x),
+                "torch": lambda torch_dp=torch_dp, x=x: torch_dp(x),
+                "ours": lambda model=model, x=x: data_parallel(model, x, devices),
+            },
             model, warmup, repeats, torch.cuda.synchronize,
         )
         plain, theirs, ours = t["plain"], t["torch"], t["ours"]

@@ -30,7 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .devices import DeviceLike, default_devices, device_context, normalize_device, normalize_devices
+from .devices import (
+    DeviceLike,
+    default_devices,
+    device_context,
+    normalize_device,
+    normalize_devices,
+)
 from .parallel_apply import parallel_apply
 from .replicate import ReplicaMisuseError, is_replica, replicate
 from .scatter_gather import gather, move_to, scatter_kwargs

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 
-DeviceLike = Union[int, str, torch.device]
+DeviceLike = int | str | torch.device
 
 __all__ = ["DeviceLike", "normalize_device", "normalize_devices", "default_devices", "device_context",
            "capture_stream", "stream_context"]

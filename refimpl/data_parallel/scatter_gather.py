@@ -61,14 +61,14 @@ class Scatter(torch.autograd.Function):
         chunks = torch.split(x, list(sizes), dim)
         # Same device: a copy, not a view, so a module may modify its input in place as it
         # could outside data_parallel (autograd forbids in-place on a Function's view outputs).
-        return tuple(c.clone() if c.device == d else c.to(d) for c, d in zip(chunks, devices))
+        return tuple(c.clone() if c.device == d else c.to(d) for c, d in zip(chunks, devices, strict=True))
 
     @staticmethod
     def backward(ctx, *grads):
         if all(g is None for g in grads):
             return None, None, None, None
         parts = []
-        for g, size in zip(grads, ctx.sizes):
+        for g, size in zip(grads, ctx.sizes, strict=True):
             if g is None:  # this replica's chunk did not influence the loss
                 ref = next(x for x in grads if x is not None)
                 shape = list(ref.shape)
@@ -100,7 +100,7 @@ class Gather(torch.autograd.Function):
             return (None, None) + (None,) * len(ctx.sizes)
         parts = torch.split(grad, ctx.sizes, ctx.dim)
         out = tuple(
-            (p.reshape(()) if ctx.scalars else p).to(d) for p, d in zip(parts, ctx.devices)
+            (p.reshape(()) if ctx.scalars else p).to(d) for p, d in zip(parts, ctx.devices, strict=True)
         )
         return (None, None, *out)
 

@@ -241,7 +241,7 @@ def test_DataParallel_module_state_dict_and_optimizer_step():
             opt.zero_grad()
             (model(x) * w).sum().backward()
             opt.step()
-        for (name, p), q in zip(m.named_parameters(), plain.parameters()):
+        for (name, p), q in zip(m.named_parameters(), plain.parameters(), strict=True):
             assert torch.equal(p, q), name
 
 
@@ -262,3 +262,17 @@ def test_adapter_seam_positional_signature():
     m = mlp()
     out = data_parallel(m, (ints(4, 4),), ["cpu", "cpu"], "cpu", 0)
     assert out.shape == (4, 3)
+
+
+def test_module_may_modify_its_input_in_place():
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            x.mul_(2)  # legal outside data_parallel on an input that does not require grad
+            return self.lin(x)
+
+    x = ints(6, 4)
+    check(int_init(InPlace()), x.clone(), lambda o: o.sum(), 3, exact=True)

@@ -52,7 +52,7 @@ def test_replica_parameters_are_non_leaf_views_of_the_original():
     (r,) = replicate(m, ["cpu"])
     assert is_replica(r) and not is_replica(m)
     assert [n for n, _ in r.named_parameters()] == [n for n, _ in m.named_parameters()]
-    for (name, t), p in zip(r.named_parameters(), m.parameters()):
+    for (name, t), p in zip(r.named_parameters(), m.parameters(), strict=True):
         assert not isinstance(t, nn.Parameter), name
         assert not t.is_leaf and t.requires_grad, name
         assert torch.equal(t, p)
@@ -190,7 +190,7 @@ def test_double_backward_through_replicas():
     penalty(lambda: m(x).tanh()).backward()
     expected = grads(m)
     m.zero_grad(set_to_none=True)
-    penalty(lambda: torch.cat([r(c) for r, c in zip(replicate(m, ["cpu"] * 2), x.split(2))]).tanh()).backward()
+    penalty(lambda: torch.cat([r(c) for r, c in zip(replicate(m, ["cpu"] * 2), x.split(2), strict=True)]).tanh()).backward()
     for name, g in grads(m).items():
         torch.testing.assert_close(g, expected[name], msg=name)
 

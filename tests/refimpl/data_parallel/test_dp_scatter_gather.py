@@ -28,7 +28,7 @@ def test_scatter_tensor_matches_tensor_split():
     x = torch.arange(20.0).reshape(10, 2)
     chunks = scatter(x, CPU4)
     assert len(chunks) == 4
-    for c, ref in zip(chunks, torch.tensor_split(x, 4)):
+    for c, ref in zip(chunks, torch.tensor_split(x, 4), strict=True):
         assert torch.equal(c, ref)
         assert c.data_ptr() != ref.data_ptr(), "same-device chunks are copies"
 
