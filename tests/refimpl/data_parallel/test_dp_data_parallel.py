@@ -274,5 +274,11 @@ def test_module_may_modify_its_input_in_place():
             x.mul_(2)  # legal outside data_parallel on an input that does not require grad
             return self.lin(x)
 
-    x = ints(6, 4)
-    check(int_init(InPlace()), x.clone(), lambda o: o.sum(), 3, exact=True)
+    m = int_init(InPlace())
+    plain = copy.deepcopy(m)
+    plain(ints(6, 4)).sum().backward()
+    out = data_parallel(m, ints(6, 4), ["cpu"] * 3)
+    out.sum().backward()
+    torch.testing.assert_close(out, plain(ints(6, 4)), rtol=0, atol=0)
+    for (name, p), q in zip(m.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
