@@ -8,7 +8,7 @@ wrong first step can be hidden (or amplified) by later ones. For every event we 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from conformance.baseline import Baseline
 from conformance.compare import EXACT_ACROSS_RANKS, ConformanceError, compare_dicts, failure_message
@@ -21,6 +21,7 @@ class Checked:
 
     comparisons: int
     accepted_error: str | None = None
+    details: dict = field(default_factory=dict)  # timings, backward stats: for the report
 
 
 def repro_command(scenario: Scenario, adapter: str) -> str:

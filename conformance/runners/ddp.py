@@ -70,3 +70,28 @@ def run(payload, ctx) -> dict:
     record["backward_stats"] = stats() if callable(stats) else None
     del wrapped, optimizer, model
     return record
+
+
+def check(scenario: Scenario, adapter_spec: str, session):
+    """Coordinator side: run on a warm world, then judge every rank's record against the oracle."""
+    from conformance import baseline, contract
+    from conformance.compare import ConformanceError
+    from conformance.harness.context import choose_topology
+
+    topology = choose_topology(scenario.world_size, scenario.device)
+    outcome = session.pools.get(topology).run(
+        "conformance.runners.ddp:run", (scenario, adapter_spec),
+        timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
+    )
+    if not outcome.ok:
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec}: the run failed on {topology.key()}\n"
+            f"{outcome.render_failures()}\n  repro: {contract.repro_command(scenario, adapter_spec)}"
+        )
+    checked = contract.check_records(scenario, adapter_spec, baseline.compute(scenario), outcome.values)
+    checked.details = {
+        "seconds": outcome.seconds,
+        "rank_seconds": outcome.values[0].get("seconds"),
+        "backward_stats": outcome.values[0].get("backward_stats"),
+    }
+    return checked

@@ -1,0 +1,156 @@
+"""The `gradparity` command: `run` wraps pytest; `list` shows scenarios and adapters.
+
+Bad input (unknown adapter, bad import path, impossible world size, unknown profile) gets a
+one-line message that says what to do, and exit status 2, before any process is spawned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from conformance import catalogue
+from conformance.adapters import registry
+
+DEFAULT_REPORT_DIR = "gradparity-reports"
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gradparity", description="Prove a data-parallel implementation trains like one process.")
+    sub = p.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run the conformance suite (default: quick profile, built-in adapters, CPU/gloo)")
+    run.add_argument("--adapter", action="append", default=[], help="adapter name or pkg.module:factory (repeatable)")
+    run.add_argument("--ddp-class", action="append", default=[], help="pkg.module:Class following torch DDP's constructor")
+    run.add_argument("--profile", default="quick", choices=catalogue.PROFILES)
+    run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression over case ids")
+    run.add_argument("--scenario", action="append", default=[], help="exactly this scenario id (repeatable)")
+    run.add_argument("--world-size", action="append", type=int, default=[], help="only these world sizes (repeatable)")
+    run.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, help=f"where reports go (default {DEFAULT_REPORT_DIR}/)")
+    run.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (a number or 'auto')")
+    run.add_argument("--xfails", action="append", default=[], help="expected-failures file (repeatable)")
+    run.add_argument("--skips", action="append", default=[], help="skips file (repeatable)")
+    run.add_argument("--timeout-scale", type=float, default=1.0, help="multiply scenario timeouts (slow machines)")
+    run.add_argument("-v", "--verbose", action="count", default=0)
+    run.add_argument("-x", "--exitfirst", action="store_true")
+    run.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    lst = sub.add_parser("list", help="list scenarios and adapters")
+    lst.add_argument("--profile", default="full", choices=catalogue.PROFILES)
+    lst.add_argument("--area", default=None)
+    return p
+
+
+def _validate(args) -> list[str]:
+    specs = list(args.adapter) + [registry.ddp_class_spec(ref) for ref in args.ddp_class]
+    for spec in specs:
+        try:
+            registry.load(spec)
+        except registry.AdapterError as exc:
+            raise UsageError(str(exc)) from None
+    for w in args.world_size:
+        if not 1 <= w <= 64:
+            raise UsageError(f"impossible world size {w}; use 1..64 (the catalogue has 1, 2, 3 and 4)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but no CUDA device is visible; use --device cpu or run on a GPU machine")
+    if args.scenario:
+        known = {s.id for s in catalogue.all_scenarios()}
+        unknown = [s for s in args.scenario if s.removesuffix("/cuda") not in known]
+        if unknown:
+            raise UsageError(f"unknown scenario {unknown[0]!r}; see `gradparity list`")
+    return specs
+
+
+def pytest_args(args, specs: list[str]) -> list[str]:
+    out = ["--pyargs", "conformance.suite", "-p", "no:cacheprovider", "--profile", args.profile, "--device", args.device,
+           "--gradparity-report-dir", args.report_dir, f"--junitxml={args.report_dir}/junit.xml",
+           "--timeout-scale", str(args.timeout_scale), "-o", "junit_family=xunit2"]
+    for spec in specs:
+        if spec.startswith(registry.DDP_CLASS_PREFIX):
+            out += ["--ddp-class", spec[len(registry.DDP_CLASS_PREFIX):]]
+        else:
+            out += ["--adapter", spec]
+    for w in args.world_size:
+        out += ["--world-size", str(w)]
+    for s in args.scenario:
+        out += ["--scenario", s]
+    for path in args.xfails:
+        out += ["--xfails", path]
+    for path in args.skips:
+        out += ["--skips", path]
+    if args.keyword:
+        out += ["-k", args.keyword]
+    if args.workers:
+        out += ["-n", str(args.workers)]
+    if args.exitfirst:
+        out.append("-x")
+    out += ["-v"] * args.verbose
+    return out + list(args.pytest_args)
+
+
+def cmd_run(args) -> int:
+    import os
+
+    import pytest
+
+    specs = _validate(args)
+    for path in args.xfails + args.skips:
+        if not os.path.exists(path):
+            raise UsageError(f"expectations file {path!r} does not exist")
+    code = pytest.main(pytest_args(args, specs))
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:
+        print("gradparity: no scenario matched the selection; see `gradparity list`", file=sys.stderr)
+        return 2
+    return int(code)
+
+
+def cmd_list(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"scenarios (profile {args.profile})")
+    for col in ("id", "profiles", "requires", "tolerance", "about"):
+        table.add_column(col)
+    for s in catalogue.select(profile=args.profile, area=args.area):
+        about = s.description + (f" [{s.upstream}]" if s.upstream else "")
+        table.add_row(s.id, ",".join(p for p in catalogue.PROFILES if p in s.profiles),
+                      ", ".join(sorted(c.value for c in s.requires)), s.tolerance.describe(), about)
+    console.print(table)
+    adapters = Table(title="adapters")
+    for col in ("name", "area", "version", "capabilities"):
+        adapters.add_column(col)
+    for name in sorted(registry.known_adapters()):
+        try:
+            a = registry.load(name)
+            adapters.add_row(name, a.area, str(getattr(a, "version", "")), ", ".join(sorted(c.value for c in a.capabilities)))
+        except Exception as exc:  # an optional dependency may be missing: say so, keep listing
+            adapters.add_row(name, "?", "unavailable", str(exc).splitlines()[0][:80])
+    console.print(adapters)
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "list": cmd_list}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, registry.AdapterError) as exc:
+        print(f"gradparity: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

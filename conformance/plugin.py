@@ -1,0 +1,287 @@
+"""The pytest plugin: turns catalogue × adapters into test cases, runs them, and reports.
+
+Loaded through the `pytest11` entry point, so `pytest --pyargs conformance.suite --adapter X`
+works with no CLI; `gradparity run` is a thin wrapper over the same options. Everything that
+is not a suite test is left alone (the options are inert for other test runs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import pytest
+
+from conformance import catalogue
+from conformance.adapters import registry
+from conformance.adapters.protocol import missing_capabilities
+from conformance.spec import Scenario
+
+CASE_SEPARATOR = "|"
+XFAILS_DIR = os.path.join(os.path.dirname(__file__), "adapters", "xfails")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("gradparity", "gradparity conformance suite")
+    group.addoption("--adapter", action="append", default=[], help="adapter name or pkg.module:factory (repeatable)")
+    group.addoption("--ddp-class", action="append", default=[], help="pkg.module:Class with torch DDP's constructor")
+    group.addoption("--profile", default="quick", help="scenario profile: quick, standard or full")
+    group.addoption("--scenario", action="append", default=[], help="run exactly this scenario id (repeatable)")
+    group.addoption("--world-size", action="append", type=int, default=[], help="only these world sizes")
+    group.addoption("--device", default="cpu", help="cpu or cuda")
+    group.addoption("--xfails", action="append", default=[], help="file of expected failures (case or node ids, # comments)")
+    group.addoption("--skips", action="append", default=[], help="file of cases to skip (case or node ids, # comments)")
+    group.addoption("--gradparity-report-dir", default=None, help="write JSON and HTML reports here")
+    group.addoption("--timeout-scale", type=float, default=1.0, help="multiply every scenario's timeout")
+
+
+@dataclass(eq=False)
+class Session:
+    """Per-process state of a suite run: warm pools and collected results."""
+
+    config: object
+    adapters: list[str]
+    timeout_scale: float = 1.0
+    results: list[dict] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
+    _pools: object = None
+
+    @property
+    def pools(self):
+        if self._pools is None:
+            from conformance.harness.pool import PoolManager
+
+            self._pools = PoolManager()
+        return self._pools
+
+    def close(self):
+        if self._pools is not None:
+            self._pools.close()
+
+    def pytest_runtest_logreport(self, report):
+        """Collects results on the controller (xdist ships user_properties back to it)."""
+        for key, value in report.user_properties:
+            if key == "gradparity":
+                self.results.append(value)
+
+
+def _adapter_specs(config) -> list[str]:
+    specs = list(config.getoption("adapter") or [])
+    specs += [registry.ddp_class_spec(ref) for ref in config.getoption("ddp_class") or []]
+    return specs or list(registry.DEFAULT_ADAPTERS)
+
+
+def _usage_error(message: str):
+    pytest.exit(f"gradparity: {message}", returncode=2)
+
+
+def pytest_configure(config):
+    specs = _adapter_specs(config)
+    if config.getoption("profile") not in catalogue.PROFILES:
+        _usage_error(f"unknown profile {config.getoption('profile')!r}; choose one of {', '.join(catalogue.PROFILES)}")
+    bad_sizes = [w for w in config.getoption("world_size") if not 1 <= w <= 64]
+    if bad_sizes:
+        _usage_error(f"impossible world size {bad_sizes[0]}; use 1..64 (the catalogue has 1, 2, 3 and 4)")
+    device = config.getoption("device")
+    if device not in ("cpu", "cuda"):
+        _usage_error(f"unknown device {device!r}; use cpu or cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            _usage_error("--device cuda but torch.cuda.is_available() is False; run on a GPU machine or use --device cpu")
+    for spec in specs:
+        try:
+            registry.load(spec)
+        except registry.AdapterError as exc:
+            _usage_error(str(exc))
+    for path in config.getoption("xfails") + config.getoption("skips"):
+        if not os.path.exists(path):
+            _usage_error(f"expectations file {path!r} does not exist")
+    config._gradparity = Session(config, specs, config.getoption("timeout_scale"))
+    config.pluginmanager.register(config._gradparity, "gradparity-session")
+
+
+def pytest_unconfigure(config):
+    session = getattr(config, "_gradparity", None)
+    if session is not None:
+        session.close()
+
+
+def case_id(adapter_spec: str, scenario: Scenario) -> str:
+    return f"{adapter_spec}{CASE_SEPARATOR}{scenario.id}"
+
+
+def pytest_generate_tests(metafunc):
+    if "gp_case" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    area = getattr(metafunc.module, "AREA")
+    world_sizes = config.getoption("world_size")
+    scenarios = catalogue.select(
+        area=area, profile=config.getoption("profile"), world_sizes=world_sizes,
+        device=config.getoption("device"), ids=config.getoption("scenario"),
+    )
+    params = []
+    for spec in config._gradparity.adapters:
+        adapter = registry.load(spec)
+        if adapter.area != area:
+            continue
+        for scenario in scenarios:
+            marks = []
+            missing = missing_capabilities(adapter, scenario.requires)
+            if missing:
+                names = ", ".join(c.value for c in missing)
+                marks.append(pytest.mark.skip(reason=f"{adapter.name} lacks capability: {names}"))
+            unavailable = getattr(adapter, "unavailable", None)
+            reason = unavailable(scenario) if callable(unavailable) else None
+            if reason:
+                marks.append(pytest.mark.skip(reason=f"{adapter.name}: {reason}"))
+            params.append(pytest.param((spec, scenario), id=case_id(spec, scenario), marks=marks))
+    metafunc.parametrize("gp_case", params)
+
+
+def read_expectations(path: str) -> dict[str, str]:
+    """`id  # reason` lines; blank lines and full-line comments are ignored."""
+    out = {}
+    with open(path) as fh:
+        for line in fh:
+            entry, _, reason = line.partition("#")
+            entry = entry.strip()
+            if entry:
+                out[entry] = reason.strip() or "listed in " + os.path.basename(path)
+    return out
+
+
+def _matches(entry: str, item) -> bool:
+    return item.nodeid == entry or item.nodeid.endswith(entry) or item.nodeid.endswith(f"[{entry}]")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    gp = getattr(config, "_gradparity", None)
+    suite_items = [item for item in items if "gp_case" in getattr(item, "fixturenames", ())]
+    if gp is None or not suite_items:
+        return
+    files = [(p, "xfail") for p in config.getoption("xfails")] + [(p, "skip") for p in config.getoption("skips")]
+    for spec in gp.adapters:
+        name = registry.load(spec).name
+        builtin = os.path.join(XFAILS_DIR, f"{name}.txt")
+        if os.path.exists(builtin):
+            files.append((builtin, "xfail"))
+    for path, kind in files:
+        for entry, reason in read_expectations(path).items():
+            hits = [item for item in suite_items if _matches(entry, item)]
+            for item in hits:
+                mark = pytest.mark.xfail(reason=reason, strict=True) if kind == "xfail" else pytest.mark.skip(reason=reason)
+                item.add_marker(mark)
+            if not hits and _could_run_here(entry, gp):
+                message = f"{os.path.basename(path)}: {kind} entry {entry!r} matches no collected case"
+                gp.unmatched.append(message)
+                warnings.warn(message, stacklevel=1)
+
+
+def _could_run_here(entry: str, gp: Session) -> bool:
+    """Built-in xfail lists name cases of every profile: only warn for ones this run selected."""
+    adapter = entry.split(CASE_SEPARATOR, 1)[0] if CASE_SEPARATOR in entry else None
+    if adapter and adapter not in gp.adapters:
+        return False
+    scenario_id = entry.split(CASE_SEPARATOR, 1)[-1].rstrip("]")
+    known = {s.id for s in catalogue.all_scenarios()}
+    if scenario_id in known:
+        profile = gp.config.getoption("profile")
+        scenario = next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
+        sizes = gp.config.getoption("world_size")
+        return profile in scenario.profiles and (not sizes or scenario.world_size in sizes) and not gp.config.getoption("scenario")
+    return True
+
+
+@pytest.fixture
+def gp_session(request) -> Session:
+    return request.config._gradparity
+
+
+def run_case(request, area: str) -> None:
+    """The body of every suite test: run the case through its area's driver."""
+    spec, scenario = request.getfixturevalue("gp_case")
+    session = request.config._gradparity
+    request.node._gp_checked = catalogue.driver(area).check(scenario, spec, session)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    case = getattr(item, "callspec", None) and item.callspec.params.get("gp_case")
+    if not case or report.when not in ("call", "setup") or (report.when == "setup" and report.passed):
+        return
+    spec, scenario = case
+    details = getattr(item, "_gp_checked", None)
+    verdict = report.outcome
+    if hasattr(report, "wasxfail"):
+        verdict = "xfailed" if report.skipped else "xpassed"
+    elif report.skipped:
+        verdict = "skipped"
+    message = ""
+    if report.failed:
+        message = _short_failure(report)
+    elif report.skipped:
+        message = getattr(report, "wasxfail", "") or (report.longrepr[2] if isinstance(report.longrepr, tuple) else "")
+    report.user_properties.append(
+        (
+            "gradparity",
+            {
+                "case": case_id(spec, scenario),
+                "adapter": spec,
+                "scenario": scenario.id,
+                "area": scenario.area,
+                "world_size": scenario.world_size,
+                "device": scenario.device,
+                "dtype": scenario.dtype,
+                "options": scenario.options.describe(),
+                "profiles": sorted(scenario.profiles),
+                "tolerance": scenario.tolerance.describe(),
+                "tolerance_reason": scenario.tolerance.reason,
+                "seed": scenario.seed,
+                "upstream": scenario.upstream,
+                "description": scenario.description,
+                "verdict": verdict,
+                "message": message,
+                "duration_s": round(report.duration, 4),
+                "comparisons": getattr(details, "comparisons", None),
+                "accepted_error": getattr(details, "accepted_error", None),
+                "details": getattr(details, "details", None) or {},
+            },
+        )
+    )
+
+
+def _short_failure(report) -> str:
+    text = str(report.longrepr)
+    match = re.search(r"^E\s+(ConformanceError|AssertionError): (.*)$", text, re.M)
+    if match:
+        lines = [line[1:].strip() if line.startswith("E") else line for line in text.splitlines() if line.startswith("E ")]
+        return "\n".join(lines)[:8000]
+    return text[-8000:]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    gp = getattr(config, "_gradparity", None)
+    if gp is None or hasattr(config, "workerinput") or not gp.results:
+        return
+    report_dir = config.getoption("gradparity_report_dir")
+    if report_dir:
+        from conformance.report import write_reports
+
+        config._gradparity_written = write_reports(report_dir, gp.results, adapters=gp.adapters, config=config)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    gp = getattr(config, "_gradparity", None)
+    if gp is None or not gp.results:
+        return
+    from conformance.report.terminal import print_summary
+
+    print_summary(terminalreporter, gp.results, getattr(config, "_gradparity_written", None), gp.unmatched)

@@ -1,0 +1,129 @@
+"""The HTML report: one self-contained page people look at.
+
+An adapter × scenario matrix (colour = verdict, hover = the first line of the message),
+provenance, every failure in full, and a bucket timeline where an implementation reports
+backward stats (when each bucket's collective was launched and finished during backward).
+"""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+
+COLOURS = {
+    "passed": "#2e7d32", "failed": "#c62828", "xfailed": "#f9a825", "xpassed": "#8e24aa",
+    "skipped": "#9e9e9e", "error": "#c62828",
+}
+SYMBOL = {"passed": "✓", "failed": "✗", "xfailed": "x", "xpassed": "!", "skipped": "–", "error": "E"}
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;font-size:13px}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:left}
+th{background:#f5f5f5;position:sticky;top:0}
+td.v{text-align:center;color:#fff;font-weight:bold;min-width:5em}
+pre{background:#fafafa;border:1px solid #eee;padding:8px;white-space:pre-wrap;font-size:12px}
+.meta td{border:none;padding:1px 8px}
+.legend span{display:inline-block;padding:2px 8px;margin-right:6px;color:#fff;border-radius:3px}
+"""
+
+
+def _e(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _matrix(report: dict) -> str:
+    adapters = [a["spec"] for a in report["adapters"]]
+    cells: dict[str, dict[str, dict]] = defaultdict(dict)
+    meta: dict[str, dict] = {}
+    for r in report["results"]:
+        cells[r["scenario"]][r["adapter"]] = r
+        meta[r["scenario"]] = r
+    rows = []
+    for scenario in sorted(cells):
+        m = meta[scenario]
+        tds = []
+        for adapter in adapters:
+            r = cells[scenario].get(adapter)
+            if r is None:
+                tds.append('<td class="v" style="background:#eee;color:#999">n/a</td>')
+                continue
+            first = (r["message"] or r["verdict"]).strip().splitlines()[0] if (r["message"] or "").strip() else r["verdict"]
+            anchor = f' href="#f-{_e(r["case"])}"' if r["verdict"] in ("failed", "xpassed") else ""
+            tds.append(
+                f'<td class="v" style="background:{COLOURS.get(r["verdict"], "#555")}" title="{_e(first)}">'
+                f'<a style="color:#fff"{anchor}>{SYMBOL.get(r["verdict"], "?")} {_e(r["verdict"])}</a></td>'
+            )
+        upstream = f' <small>({_e(m["upstream"])})</small>' if m.get("upstream") else ""
+        rows.append(
+            f"<tr><td><code>{_e(scenario)}</code>{upstream}<br><small>{_e(m['options'])}; tolerance {_e(m['tolerance'])}</small></td>"
+            + "".join(tds) + "</tr>"
+        )
+    head = "".join(f"<th>{_e(a)}</th>" for a in adapters)
+    return f"<table><tr><th>scenario</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _timeline(result: dict) -> str:
+    """An SVG of bucket collectives over the backward pass, from an implementation's stats."""
+    stats = (result.get("details") or {}).get("backward_stats") or {}
+    buckets = stats.get("buckets") if isinstance(stats, dict) else None
+    if not buckets:
+        return ""
+    end = max([b.get("finish_ns") or b.get("launch_ns") or 0 for b in buckets] + [stats.get("backward_end_ns") or 0]) or 1
+    width, row = 640, 16
+    bars = []
+    for i, b in enumerate(buckets):
+        ready = b.get("ready_ns", b.get("launch_ns", 0)) or 0
+        launch = b.get("launch_ns", 0) or 0
+        finish = b.get("finish_ns", launch) or launch
+        x0, x1, x2 = (width * t / end for t in (ready, launch, finish))
+        y = i * row + 4
+        bars.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(1, x1 - x0):.1f}" height="{row - 6}" fill="#90caf9"/>')
+        bars.append(f'<rect x="{x1:.1f}" y="{y}" width="{max(1, x2 - x1):.1f}" height="{row - 6}" fill="#1565c0"/>')
+        bars.append(f'<text x="{width + 6}" y="{y + 9}" font-size="10">bucket {b.get("index", i)}</text>')
+    if stats.get("backward_end_ns"):
+        x = width * stats["backward_end_ns"] / end
+        bars.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{len(buckets) * row + 4}" stroke="#c62828"/>')
+    svg = f'<svg width="{width + 80}" height="{len(buckets) * row + 8}">{"".join(bars)}</svg>'
+    return (
+        f"<h3>Bucket timeline: {_e(result['case'])}</h3>"
+        f"<p><small>light: gradients filling the bucket; dark: collective in flight; red: end of backward "
+        f"({end / 1e6:.2f} ms span)</small></p>{svg}"
+    )
+
+
+def render(report: dict) -> str:
+    s = report["summary"]
+    env, run = report["environment"], report["run"]
+    adapters = "".join(
+        f"<tr><td>{_e(a['spec'])}</td><td>{_e(a.get('name'))}</td><td>{_e(a.get('version'))}</td><td>{_e(a.get('area', ''))}</td></tr>"
+        for a in report["adapters"]
+    )
+    legend = "".join(f'<span style="background:{c}">{v}: {s.get(v, 0)}</span>' for v, c in COLOURS.items() if v != "error")
+    failures = "".join(
+        f'<h3 id="f-{_e(r["case"])}">{_e(r["case"])} — {_e(r["verdict"])}</h3><pre>{_e(r["message"])}</pre>'
+        for r in report["results"] if r["verdict"] in ("failed", "xpassed")
+    )
+    timelines = "".join(_timeline(r) for r in report["results"] if r["verdict"] == "passed")[:400_000]
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>gradparity report</title>
+<style>{CSS}</style></head><body>
+<h1>gradparity conformance report</h1>
+<table class="meta">
+<tr><td>suite</td><td>{_e(report['suite']['name'])} {_e(report['suite']['version'])} (schema {_e(report['schema'])})</td></tr>
+<tr><td>created</td><td>{_e(report['created'])}</td></tr>
+<tr><td>torch</td><td>{_e(env['torch'])} on Python {_e(env['python'])}, {_e(env['platform'])}</td></tr>
+<tr><td>run</td><td>profile {_e(run['profile'])}; device {_e(', '.join(run['device']))}; backends {_e(', '.join(run['backends']))};
+world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
+</table>
+<h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th></tr>{adapters}</table>
+<h2>Matrix ({s['total']} cases)</h2><p class="legend">{legend}</p>
+{_matrix(report)}
+<h2>Failures</h2>{failures or '<p>None.</p>'}
+{('<h2>Bucket timelines</h2>' + timelines) if timelines else ''}
+</body></html>"""
+
+
+def write_html(path: str, report: dict) -> str:
+    with open(path, "w") as fh:
+        fh.write(render(report))
+    return path
