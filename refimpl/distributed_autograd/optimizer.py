@@ -49,8 +49,13 @@ def _new_local_optimizer(optimizer_class, param_rrefs, args, kwargs):
     return rpc.RRef(_LocalOptimizer(optimizer_class, param_rrefs, args, kwargs))
 
 
-def _local_step(optimizer_rref, context_id: int) -> None:
-    optimizer_rref.local_value().step(context_id)
+def _local_step(optimizer_rref, context_id: int) -> str | None:
+    """Step on the owner; an error comes back as its message (not a remote traceback)."""
+    try:
+        optimizer_rref.local_value().step(context_id)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class DistributedOptimizer:
@@ -77,9 +82,11 @@ class DistributedOptimizer:
         errors = []
         for worker, fut in futs:
             try:
-                fut.wait()
-            except Exception as exc:
-                errors.append(f"Error on Node {worker}: {exc}")
+                message = fut.wait()
+            except Exception as exc:  # transport failure
+                message = f"{exc}"
+            if message is not None:
+                errors.append(f"Error on Node {worker}: {message}")
         if errors:
             raise RuntimeError("DistributedOptimizer.step failed:\n" + "\n".join(errors))
 

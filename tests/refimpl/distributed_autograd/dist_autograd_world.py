@@ -1,21 +1,26 @@
-"""Spawn a small RPC world and run a check function on worker 0 (helpers for the tests).
+"""A warm RPC world for the slow tests: spawned once, runs many checks.
 
-Every worker joins RPC over TensorPipe on 127.0.0.1, runs ``torch.set_num_threads(1)``;
-worker 0 runs ``check(world_size)`` while the others serve RPCs; all shut down together.
-A failure on worker 0 surfaces in the pytest process with its traceback; the whole world has
-a wall-clock limit.
+Spawning a world costs seconds (import torch in every process + rendezvous), so the slow tests
+share one world of ``WORLD_SIZE`` workers (a session fixture in ``conftest.py``). Every worker
+joins RPC over TensorPipe on 127.0.0.1 and runs ``torch.set_num_threads(1)``; worker 0 takes
+check functions (picklable by reference) from a queue, runs ``check(world_size)`` and answers
+with ``ok`` or the traceback; the others serve RPCs. Every wait has a timeout: a check that
+does not answer in time kills the world, fails that test, and the next test gets a fresh world.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import time
+import traceback
 
 import torch
 import torch.multiprocessing as mp
 
 RPC_TIMEOUT_S = 20.0
+WORLD_SIZE = 3
 
 
 def free_port() -> int:
@@ -28,11 +33,10 @@ def worker_name(rank: int) -> str:
     return f"worker{rank}"
 
 
-def _worker(rank: int, world_size: int, port: int, check) -> None:
+def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
     torch.set_num_threads(1)
     from torch.distributed import rpc
 
-    os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
     options = rpc.TensorPipeRpcBackendOptions(
         init_method=f"tcp://127.0.0.1:{port}",
         rpc_timeout=RPC_TIMEOUT_S,
@@ -42,27 +46,65 @@ def _worker(rank: int, world_size: int, port: int, check) -> None:
     rpc.init_rpc(worker_name(rank), rank=rank, world_size=world_size, rpc_backend_options=options)
     try:
         if rank == 0:
-            check(world_size)
+            results.put(("ready", ""))
+            while (check := tasks.get()) is not None:
+                try:
+                    check(world_size)
+                except BaseException:
+                    results.put(("error", traceback.format_exc()))
+                else:
+                    results.put(("ok", ""))
     finally:
         rpc.shutdown(graceful=True, timeout=RPC_TIMEOUT_S)
 
 
-def run_world(check, world_size: int, timeout_s: float = 45.0) -> None:
-    """Run ``check(world_size)`` on worker 0 of a fresh spawned RPC world."""
-    ctx = mp.start_processes(
-        _worker,
-        args=(world_size, free_port(), check),
-        nprocs=world_size,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=0.5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"RPC world of {world_size} did not finish in {timeout_s}s")
-    finally:
-        for p in ctx.processes:
+class RpcWorld:
+    def __init__(self, world_size: int = WORLD_SIZE, start_timeout_s: float = 60.0) -> None:
+        self.world_size = world_size
+        ctx = mp.get_context("spawn")
+        self.tasks = ctx.Queue()
+        self.results = ctx.Queue()
+        port = free_port()
+        self.procs = [
+            ctx.Process(target=_serve, args=(r, world_size, port, self.tasks, self.results), daemon=True)
+            for r in range(world_size)
+        ]
+        for p in self.procs:
+            p.start()
+        self.broken = False
+        self._expect("ready", start_timeout_s, "start")
+
+    def _expect(self, status: str, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                got, detail = self.results.get(timeout=0.5)
+                break
+            except queue.Empty:
+                dead = [i for i, p in enumerate(self.procs) if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    self.kill()
+                    reason = f"workers {dead} died" if dead else f"no answer in {timeout_s}s"
+                    raise AssertionError(f"RPC world {what}: {reason}")
+        if got != status:
+            raise AssertionError(f"check failed on worker 0:\n{detail}")
+
+    def run(self, check, timeout_s: float = 60.0) -> None:
+        """Run ``check(world_size)`` on worker 0; raise with its traceback if it failed."""
+        assert not self.broken, "this RPC world was killed after a timeout"
+        self.tasks.put(check)
+        self._expect("ok", timeout_s, getattr(check, "__name__", "check"))
+
+    def kill(self) -> None:
+        self.broken = True
+        for p in self.procs:
             if p.is_alive():
                 p.kill()
-                p.join(5)
+            p.join(5)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if not self.broken:
+            self.tasks.put(None)
+            for p in self.procs:
+                p.join(timeout_s)
+        self.kill()

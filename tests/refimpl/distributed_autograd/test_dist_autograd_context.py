@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from dist_autograd_world import run_world, worker_name
+from dist_autograd_world import worker_name
 
 from refimpl.distributed_autograd.context import ContextContainer
 
@@ -115,5 +115,5 @@ def _check_contexts(world_size):
 
 
 @pytest.mark.slow
-def test_contexts_in_rpc_world():
-    run_world(_check_contexts, world_size=2)
+def test_contexts_in_rpc_world(rpc_world):
+    rpc_world.run(_check_contexts)

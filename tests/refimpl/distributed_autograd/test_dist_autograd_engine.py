@@ -8,7 +8,7 @@ import threading
 import dist_autograd_cases as cases
 import pytest
 import torch
-from dist_autograd_world import run_world, worker_name
+from dist_autograd_world import worker_name
 
 from refimpl.distributed_autograd.engine import validate_roots
 
@@ -153,8 +153,8 @@ def _assert_nothing_left(world_size):
 
 
 @pytest.mark.slow
-def test_backward_matches_local_and_torch():
-    run_world(_check_backward, world_size=3)
+def test_backward_matches_local_and_torch(rpc_world):
+    rpc_world.run(_check_backward)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,5 +205,5 @@ def _check_errors(world_size):
 
 
 @pytest.mark.slow
-def test_errors_and_cleanup():
-    run_world(_check_errors, world_size=3)
+def test_errors_and_cleanup(rpc_world):
+    rpc_world.run(_check_errors)
