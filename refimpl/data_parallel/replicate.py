@@ -173,6 +173,26 @@ def _shallow_copy(module: nn.Module, info: ReplicaInfo) -> nn.Module:
     return replica
 
 
+def _retarget_tensor_caches(replica: nn.Module, copies: dict[int, list[torch.Tensor]], j: int) -> None:
+    """Point list/tuple attributes that cache the module's own tensors at replica j's copies.
+
+    Some modules keep a plain list of their parameters next to the registered ones - e.g.
+    the RNNs' `_flat_weights`, which their forward reads instead of the attributes. The
+    shallow copy would share that list with the original, so the replica would compute
+    with the original parameters (wrong device, no gradient edge). Each replica gets its
+    own list with the original tensors swapped for its copies; other entries are kept.
+    """
+    for name, value in list(replica.__dict__.items()):
+        if isinstance(value, (list, tuple)) and not _is_namedtuple_type(value):
+            if any(isinstance(v, torch.Tensor) and id(v) in copies for v in value):
+                swapped = [copies[id(v)][j] if isinstance(v, torch.Tensor) and id(v) in copies else v for v in value]
+                replica.__dict__[name] = type(value)(swapped)
+
+
+def _is_namedtuple_type(value) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
 def replicate(module: M, devices: Sequence[DeviceLike], *, detach: bool = False) -> list[M]:
     """Return one replica of `module` per entry of `devices` (a device may repeat).
 
@@ -231,4 +251,5 @@ def replicate(module: M, devices: Sequence[DeviceLike], *, detach: bool = False)
                     r.__dict__[_REPLICA_PARAMS_KEY][key] = copies[id(p)][j]
             for key, b in m._buffers.items():
                 r._buffers[key] = None if b is None else copies[id(b)][j]
+            _retarget_tensor_caches(r, copies, j)
     return [replicas[j][id(module)] for j in range(n)]

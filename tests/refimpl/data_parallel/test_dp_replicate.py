@@ -212,3 +212,22 @@ def test_bad_devices():
         replicate(int_mlp(), [])
     with pytest.raises(TypeError, match="list of devices"):
         replicate(int_mlp(), "cpu")
+
+
+def test_parameter_caches_point_at_the_replica_copies():
+    """RNNs compute from `_flat_weights`, a plain list of their parameters: each replica
+    must get its own list holding its own copies, and the original's list must not change."""
+    lstm = nn.LSTM(3, 4)
+    before = list(lstm._flat_weights)
+    a, b = replicate(lstm, ["cpu", "cpu"])
+    for r in (a, b):
+        assert r._flat_weights is not lstm._flat_weights
+        assert all(w is getattr(r, n) for w, n in zip(r._flat_weights, r._flat_weights_names, strict=True))
+    assert all(w is v for w, v in zip(lstm._flat_weights, before, strict=True))
+    x = torch.randn(5, 2, 3)
+    lstm(x)[0].sum().backward()
+    expected = grads(lstm)
+    lstm.zero_grad(set_to_none=True)
+    (a(x[:, :1])[0].sum() + b(x[:, 1:])[0].sum()).backward()
+    for name, g in grads(lstm).items():
+        torch.testing.assert_close(g, expected[name], msg=name)
