@@ -51,7 +51,28 @@ class DistAutogradContext:
     # Bumped when a backward with retain_graph=False ends: recv nodes created before it are
     # then stale (their send functions were released on the other side).
     graph_epoch: int = 0
+    # Futures of graph releases sent to other workers after a backward (not waited on the
+    # backward's critical path; drained before the next RPC, backward or exit of the context).
+    pending_releases: list = field(default_factory=list)
     _send_ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def drain_releases(self) -> None:
+        with self.lock:
+            pending, self.pending_releases = self.pending_releases, []
+        errors = []
+        for worker, fut in pending:
+            try:
+                fut.wait()
+            except Exception as exc:
+                errors.append(f"worker {worker}: {exc}")
+        if errors:
+            import warnings
+
+            warnings.warn(
+                f"releasing the graph of autograd context {self.context_id} failed on "
+                + "; ".join(errors),
+                stacklevel=3,
+            )
 
     def add_send(self, send_output: torch.Tensor, dst: int) -> int:
         with self.lock:

@@ -15,7 +15,8 @@
    everything downstream answered — so when R's futures complete, every worker the graph
    reaches has finished;
 4. unless ``retain_graph``, tell every reached worker to drop the send functions of the
-   context (``_end_pass``); the gradients stay in each worker's context until it is released.
+   context (``_end_pass``, off the critical path: [Note: deferred release]); the gradients
+   stay in each worker's context until it is released.
 
 [Note: several messages for one worker]
 A worker can receive gradients for its send functions in several messages of one pass (fan-out
@@ -246,6 +247,7 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
     cont = container()
     ctx = cont.retrieve(context_id)
     roots = validate_roots(roots)
+    ctx.drain_releases()  # see [Note: deferred release]
     me = cont.worker_id
     cont.pass_started(context_id)
     try:
@@ -261,21 +263,24 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
         else:
             result = _dispatch(ctx, me, outbound, retain_graph).wait()
         if not retain_graph:
-            _end_pass_on(result[-1], context_id, me)
+            _end_pass_on(ctx, result[-1], me)
     finally:
         cont.pass_finished(context_id)
     if result[0] == "err":
         raise RuntimeError(f"Error on Node {result[1]}: {result[2]}")
 
 
-def _end_pass_on(workers, context_id: int, me: int) -> None:
-    futs = [rpc.rpc_async(w, _end_pass, args=(context_id,)) for w in workers if w != me]
-    _end_pass(context_id)
-    for fut in futs:
-        try:
-            fut.wait()
-        except Exception as exc:  # the pass result matters more than its cleanup
-            warnings.warn(f"releasing the graph of context {context_id}: {exc}", stacklevel=3)
+def _end_pass_on(ctx: DistAutogradContext, workers, me: int) -> None:
+    """Release the graph of the pass here and, asynchronously, on the other reached workers.
+
+    [Note: deferred release] The remote releases are not awaited on the backward's critical
+    path; their futures are drained before this context sends anything again (next RPC,
+    backward, or exit), so a release can never clear send functions of a later forward.
+    """
+    futs = [(w, rpc.rpc_async(w, _end_pass, args=(ctx.context_id,))) for w in workers if w != me]
+    ctx.release_graph()
+    with ctx.lock:
+        ctx.pending_releases.extend(futs)
 
 
 def release_context(context_id: int) -> None:
@@ -284,6 +289,7 @@ def release_context(context_id: int) -> None:
     ctx = cont.pop(context_id)
     if ctx is None:
         return
+    ctx.drain_releases()
     with ctx.lock:
         targets = [w for w in ctx.known_workers if w != cont.worker_id]
     ctx.release_graph()

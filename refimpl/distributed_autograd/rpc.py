@@ -52,6 +52,7 @@ def _remote_create(context_id, origin, func, args, kwargs):
 
 def _prepare(to, func, args, kwargs):
     ctx = current_context()
+    ctx.drain_releases()  # see engine.py [Note: deferred release]
     me = container().worker_id
     dst = _worker_id(to)
     packed_args, _ = pack(ctx, dst, tuple(args) if args is not None else ())

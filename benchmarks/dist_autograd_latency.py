@@ -1,0 +1,217 @@
+"""Backward latency of refimpl's distributed autograd vs torch.distributed.autograd (CPU).
+
+    python benchmarks/dist_autograd_latency.py            # full run
+    python benchmarks/dist_autograd_latency.py --quick    # smoke run (seconds)
+
+Three RPC workers (TensorPipe on 127.0.0.1, one intra-op thread each). Both engines run in the
+same processes, in the same run, interleaved iteration by iteration so that machine noise hits
+both alike. Only the backward call is timed (forward untimed, then ``backward(context_id,
+[loss])``); each iteration opens a fresh context.
+
+- ``chain``: worker0 -> worker1 -> worker2 and back: x (requires grad) on worker0, a linear +
+  tanh on each hop with that worker's own weight; loss on worker0. The backward crosses two
+  RPC hops back and returns — 4 gradient messages and the completion chain.
+- ``param-server``: worker0 holds the parameters; worker1 and worker2 are trainers running
+  concurrently, each with a local layer, a call to the server, the loss locally. The latency
+  of every trainer backward is collected (both trainers pooled).
+
+Reported: median and p90 in milliseconds per (pattern, engine), and the ratio of medians
+refimpl / torch. Writes a table to stdout and JSON to benchmarks/results/dist_autograd_latency.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+RESULTS = Path(__file__).resolve().parent / "results" / "dist_autograd_latency.json"
+STATE: dict = {}
+
+
+# worker-side functions (pickled by reference) ----------------------------------------------------
+def _engine(mode):
+    if mode == "refimpl":
+        import refimpl.distributed_autograd as da
+
+        return da.context, da.backward, da.rpc_sync
+    import torch.distributed.autograd as tda
+    from torch.distributed import rpc
+
+    return tda.context, tda.backward, rpc.rpc_sync
+
+
+def _setup(dim: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    STATE["w"] = (torch.randn(dim, dim, generator=g) / dim**0.5).requires_grad_()
+    STATE["b"] = torch.zeros(dim).requires_grad_()
+
+
+def _layer(x):
+    return torch.tanh(x @ STATE["w"] + STATE["b"])
+
+
+def chain_hop(mode: str, x):
+    """On worker1: a layer, then worker2's layer, then another layer here."""
+    _, _, call = _engine(mode)
+    h = _layer(x)
+    return _layer(call("worker2", _layer, args=(h,)))
+
+
+def _median_p90(samples):
+    s = sorted(samples)
+    return statistics.median(s), s[min(len(s) - 1, int(0.9 * len(s)))]
+
+
+def trainer_loop(mode: str, batch: int, dim: int, warmup: int, repeats: int):
+    """On a trainer: `repeats` timed backwards through the parameter server (worker0)."""
+    context, backward, call = _engine(mode)
+    x = torch.randn(batch, dim)
+    times = []
+    for i in range(warmup + repeats):
+        with context() as cid:
+            h = _layer(x)
+            loss = call("worker0", _layer, args=(h,)).sum()
+            t0 = time.perf_counter()
+            backward(cid, [loss])
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+    return times
+
+
+def _chain_once(mode: str, x):
+    context, backward, call = _engine(mode)
+    with context() as cid:
+        y = call("worker1", chain_hop, args=(mode, _layer(x)))
+        loss = y.sum()
+        t0 = time.perf_counter()
+        backward(cid, [loss])
+        return time.perf_counter() - t0
+
+
+def _driver(args, world_size):
+    from torch.distributed import rpc
+
+    out = {}
+    for r in range(world_size):
+        rpc.rpc_sync(f"worker{r}", _setup, args=(args.dim, r))
+    # chain, engines interleaved
+    x = torch.randn(args.batch, args.dim, requires_grad=True)
+    chain = {"refimpl": [], "torch": []}
+    for i in range(args.warmup + args.repeats):
+        for mode in ("refimpl", "torch") if i % 2 == 0 else ("torch", "refimpl"):
+            t = _chain_once(mode, x)
+            if i >= args.warmup:
+                chain[mode].append(t)
+    out["chain"] = chain
+    # parameter server: both trainers at once, engines alternating in blocks
+    ps = {"refimpl": [], "torch": []}
+    block = max(1, args.repeats // 4)
+    for b in range(4):
+        for mode in ("refimpl", "torch") if b % 2 == 0 else ("torch", "refimpl"):
+            futs = [
+                rpc.rpc_async(f"worker{r}", trainer_loop,
+                              args=(mode, args.batch, args.dim, args.warmup if b == 0 else 1, block))
+                for r in (1, 2)
+            ]
+            for f in futs:
+                ps[mode] += f.wait()
+    out["param-server"] = ps
+    return out
+
+
+def _worker(rank, world_size, port, args, queue):
+    torch.set_num_threads(1)
+    from torch.distributed import rpc
+
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=60, num_worker_threads=8,
+        _transports=["uv"],
+    )
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
+    try:
+        if rank == 0:
+            queue.put(_driver(args, world_size))
+    finally:
+        rpc.shutdown(graceful=True, timeout=120)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: few repeats")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 10)
+    args.repeats = args.repeats if args.repeats is not None else (12 if args.quick else 100)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, 3, port, args, queue)) for r in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        raw = queue.get(timeout=600)
+    finally:
+        for p in procs:
+            p.join(120)
+            if p.is_alive():
+                p.kill()
+
+    rows = []
+    for pattern, by_engine in raw.items():
+        stats = {}
+        for engine, samples in by_engine.items():
+            med, p90 = _median_p90(samples)
+            stats[engine] = {"median_ms": med * 1e3, "p90_ms": p90 * 1e3, "n": len(samples)}
+        rows.append({
+            "pattern": pattern,
+            **{engine: v for engine, v in stats.items()},
+            "ratio_median": stats["refimpl"]["median_ms"] / stats["torch"]["median_ms"],
+        })
+
+    header = f"{'pattern':<14}{'engine':<9}{'median ms':>11}{'p90 ms':>10}{'n':>6}{'ratio refimpl/torch':>22}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        for engine in ("refimpl", "torch"):
+            s = row[engine]
+            ratio = f"{row['ratio_median']:.2f}x" if engine == "refimpl" else ""
+            print(f"{row['pattern']:<14}{engine:<9}{s['median_ms']:>11.3f}{s['p90_ms']:>10.3f}{s['n']:>6}{ratio:>22}")
+
+    result = {
+        "benchmark": "dist_autograd_latency",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "device": "cpu",
+        "world_size": 3,
+        "batch": args.batch,
+        "dim": args.dim,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
