@@ -7,15 +7,18 @@ reducer copies it back into the bucket if the hook returned a different tensor.
 
 The built-in hooks here take a process group (or ``None`` for the default group) as state
 and only use the public ``GradBucket`` methods, so they work unchanged when registered on
-``torch.nn.parallel.DistributedDataParallel`` too.
+``torch.nn.parallel.DistributedDataParallel`` too. [Note: hook annotations] torch's DDP
+inspects a hook: the bucket parameter must be called ``bucket`` and the annotations must be
+absent or exactly ``dist.GradBucket`` / ``Future[Tensor]`` objects (string annotations from
+``from __future__ import annotations`` are rejected), so the hooks carry none. It also
+refuses a hook whose ``__name__`` is ``bf16_compress_hook`` unless NCCL is available, which is
+why ours is registered under the name ``refimpl_bf16_compress_hook``: gloo reduces bf16 fine.
 
 Usage::
 
     >>> ddp.register_comm_hook(state=None, hook=fp16_compress_hook)
     # the buffer travels as fp16 (half the bytes), the grads stay fp32
 """
-
-from __future__ import annotations
 
 from collections.abc import Sequence
 
@@ -91,11 +94,11 @@ class GradBucket:
         )
 
 
-def _group(state) -> dist.ProcessGroup:
+def _group(state):
     return state if state is not None else dist.group.WORLD
 
 
-def allreduce_hook(process_group, bucket) -> torch.futures.Future:
+def allreduce_hook(process_group, bucket):
     """Average the bucket with one all-reduce (what the reducer does with no hook)."""
     group = _group(process_group)
     tensor = bucket.buffer()
@@ -104,7 +107,7 @@ def allreduce_hook(process_group, bucket) -> torch.futures.Future:
     return fut.then(lambda f: f.value()[0])
 
 
-def _compress_hook(dtype: torch.dtype, process_group, bucket) -> torch.futures.Future:
+def _compress_hook(dtype, process_group, bucket):
     group = _group(process_group)
     buffer = bucket.buffer()
     # Divide before the cast: summing W values already divided by W keeps the low-precision
@@ -120,11 +123,14 @@ def _compress_hook(dtype: torch.dtype, process_group, bucket) -> torch.futures.F
     return fut.then(decompress)
 
 
-def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
+def fp16_compress_hook(process_group, bucket):
     """All-reduce the bucket as fp16 (half the bytes); the result is cast back."""
     return _compress_hook(torch.float16, process_group, bucket)
 
 
-def bf16_compress_hook(process_group, bucket) -> torch.futures.Future:
+def bf16_compress_hook(process_group, bucket):
     """All-reduce the bucket as bfloat16 (fp32's range, half the bytes)."""
     return _compress_hook(torch.bfloat16, process_group, bucket)
+
+
+bf16_compress_hook.__name__ = "refimpl_bf16_compress_hook"  # see [Note: hook annotations]

@@ -229,7 +229,7 @@ class Reducer:
         """Before a synced forward: refuse a half-finished iteration, rebuild buckets once."""
         if self._state is _BACKWARD:
             pending = [self._names[i] for i in range(len(self._params)) if not self._ready[i]]
-            self._state = _IDLE
+            self._abort()
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a new one: "
                 f"the last backward never finished (parameters without a gradient: {pending}). "
@@ -375,7 +375,7 @@ class Reducer:
         if self._hook is not None:
             b.grad_bucket.set_buffer(b.buffer)
             fut = self._hook(self._hook_state, b.grad_bucket)
-            if not isinstance(fut, torch.futures.Future):
+            if not (hasattr(fut, "wait") and hasattr(fut, "add_done_callback")):
                 raise TypeError(f"comm hook must return a torch.futures.Future, got {type(fut).__name__}")
             b.future = fut
         else:
