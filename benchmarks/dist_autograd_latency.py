@@ -118,8 +118,11 @@ def _driver(args, world_size):
     for b in range(4):
         for mode in ("refimpl", "torch") if b % 2 == 0 else ("torch", "refimpl"):
             futs = [
-                rpc.rpc_async(f"worker{r}", trainer_loop,
-                              args=(mode, args.batch, args.dim, args.warmup if b == 0 else 1, block))
+                rpc.rpc_async(
+                    f"worker{r}",
+                    trainer_loop,
+                    args=(mode, args.batch, args.dim, args.warmup if b == 0 else 1, block),
+                )
                 for r in (1, 2)
             ]
             for f in futs:
@@ -133,7 +136,9 @@ def _worker(rank, world_size, port, args, queue):
     from torch.distributed import rpc
 
     options = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=60, num_worker_threads=8,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rpc_timeout=60,
+        num_worker_threads=8,
         _transports=["uv"],
     )
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
@@ -178,11 +183,13 @@ def main(argv=None) -> dict:
         for engine, samples in by_engine.items():
             med, p90 = _median_p90(samples)
             stats[engine] = {"median_ms": med * 1e3, "p90_ms": p90 * 1e3, "n": len(samples)}
-        rows.append({
-            "pattern": pattern,
-            **{engine: v for engine, v in stats.items()},
-            "ratio_median": stats["refimpl"]["median_ms"] / stats["torch"]["median_ms"],
-        })
+        rows.append(
+            {
+                "pattern": pattern,
+                **{engine: v for engine, v in stats.items()},
+                "ratio_median": stats["refimpl"]["median_ms"] / stats["torch"]["median_ms"],
+            }
+        )
 
     header = f"{'pattern':<14}{'engine':<9}{'median ms':>11}{'p90 ms':>10}{'n':>6}{'ratio refimpl/torch':>22}"
     print(header)
@@ -191,7 +198,9 @@ def main(argv=None) -> dict:
         for engine in ("refimpl", "torch"):
             s = row[engine]
             ratio = f"{row['ratio_median']:.2f}x" if engine == "refimpl" else ""
-            print(f"{row['pattern']:<14}{engine:<9}{s['median_ms']:>11.3f}{s['p90_ms']:>10.3f}{s['n']:>6}{ratio:>22}")
+            print(
+                f"{row['pattern']:<14}{engine:<9}{s['median_ms']:>11.3f}{s['p90_ms']:>10.3f}{s['n']:>6}{ratio:>22}"
+            )
 
     result = {
         "benchmark": "dist_autograd_latency",

@@ -55,8 +55,7 @@ _Result = tuple
 def validate_roots(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if roots is None or isinstance(roots, torch.Tensor):
         raise TypeError(
-            f"roots must be a list of scalar tensors, got {type(roots).__name__}; "
-            "pass e.g. [loss]"
+            f"roots must be a list of scalar tensors, got {type(roots).__name__}; pass e.g. [loss]"
         )
     roots = list(roots)
     if not roots:
@@ -65,9 +64,7 @@ def validate_roots(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if not isinstance(root, torch.Tensor):
             raise TypeError(f"root {i} is a {type(root).__name__}, not a tensor")
         if not root.requires_grad:
-            raise RuntimeError(
-                f"requires_grad not set on root {i}: every root must require grad"
-            )
+            raise RuntimeError(f"requires_grad not set on root {i}: every root must require grad")
         if root.numel() != 1:
             raise RuntimeError(
                 f"root {i} of shape {tuple(root.shape)} is not a scalar, "
@@ -133,11 +130,11 @@ def _run_local(
             outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True
         )
         with ctx.lock:
-            for leaf, grad in zip(leaves, grads):
+            for leaf, grad in zip(leaves, grads[: len(leaves)], strict=True):
                 if grad is not None:
                     ctx.accumulate(leaf, grad)
     outbound: dict[int, list[tuple[int, torch.Tensor]]] = defaultdict(list)
-    for node, grad in zip(recvs, grads[len(leaves) :]):
+    for node, grad in zip(recvs, grads[len(leaves) :], strict=True):
         if grad is not None:
             outbound[node.origin].append((node.send_id, grad))
     return outbound
@@ -166,7 +163,7 @@ def _dispatch(ctx: DistAutogradContext, me: int, outbound, retain_graph: bool):
     def combine(all_done: torch.futures.Future) -> _Result:
         reached = {me}
         error = None
-        for dst, fut in zip(dsts, all_done.value()):
+        for dst, fut in zip(dsts, all_done.value(), strict=True):
             try:
                 result = fut.value()
             except Exception as exc:  # transport failure: dead worker, timeout
@@ -194,7 +191,7 @@ def _receive_gradients(context_id: int, sender: int, items, retain_graph: bool):
         with ctx.lock:
             ctx.known_workers.add(sender)
             entries = [ctx.sends.get(send_id) for send_id, _ in items]
-        missing = [sid for (sid, _), e in zip(items, entries) if e is None]
+        missing = [sid for (sid, _), e in zip(items, entries, strict=True) if e is None]
         if missing:
             raise RuntimeError(
                 f"no send function {missing} in autograd context {context_id}: the graph was "
@@ -294,7 +291,7 @@ def release_context(context_id: int) -> None:
         targets = [w for w in ctx.known_workers if w != cont.worker_id]
     ctx.release_graph()
     futs = [rpc.rpc_async(w, _release, args=(context_id, cont.worker_id)) for w in targets]
-    for w, fut in zip(targets, futs):
+    for w, fut in zip(targets, futs, strict=True):
         try:
             fut.wait()
         except Exception as exc:

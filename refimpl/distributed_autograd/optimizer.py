@@ -41,7 +41,7 @@ class _LocalOptimizer:
                     p.grad = grads.get(p)
                 self.optim.step()
             finally:
-                for p, g in zip(self.params, saved):
+                for p, g in zip(self.params, saved, strict=True):
                     p.grad = g
 
 
@@ -69,7 +69,9 @@ class DistributedOptimizer:
             by_owner.setdefault(owner.id, []).append(rref)
             owners[owner.id] = owner
         futs = [
-            rpc.rpc_async(owners[w], _new_local_optimizer, args=(optimizer_class, rrefs, args, kwargs))
+            rpc.rpc_async(
+                owners[w], _new_local_optimizer, args=(optimizer_class, rrefs, args, kwargs)
+            )
             for w, rrefs in by_owner.items()
         ]
         self.remote_optimizers = [f.wait() for f in futs]
@@ -89,5 +91,3 @@ class DistributedOptimizer:
                 errors.append(f"Error on Node {worker}: {message}")
         if errors:
             raise RuntimeError("DistributedOptimizer.step failed:\n" + "\n".join(errors))
-
-

@@ -10,7 +10,6 @@ does not answer in time kills the world, fails that test, and the next test gets
 
 from __future__ import annotations
 
-import os
 import queue
 import socket
 import time
@@ -66,7 +65,9 @@ class RpcWorld:
         self.results = ctx.Queue()
         port = free_port()
         self.procs = [
-            ctx.Process(target=_serve, args=(r, world_size, port, self.tasks, self.results), daemon=True)
+            ctx.Process(
+                target=_serve, args=(r, world_size, port, self.tasks, self.results), daemon=True
+            )
             for r in range(world_size)
         ]
         for p in self.procs:
@@ -85,7 +86,7 @@ class RpcWorld:
                 if dead or time.monotonic() > deadline:
                     self.kill()
                     reason = f"workers {dead} died" if dead else f"no answer in {timeout_s}s"
-                    raise AssertionError(f"RPC world {what}: {reason}")
+                    raise AssertionError(f"RPC world {what}: {reason}") from None
         if got != status:
             raise AssertionError(f"check failed on worker 0:\n{detail}")
 

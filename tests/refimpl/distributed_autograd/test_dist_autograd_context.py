@@ -25,7 +25,9 @@ def test_retrieve_unknown_and_released():
     ctx = cont.new_context()
     assert cont.retrieve(ctx.context_id) is ctx
     cont.pop(ctx.context_id)
-    with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {ctx.context_id}"):
+    with pytest.raises(
+        RuntimeError, match=f"Could not find autograd context with id: {ctx.context_id}"
+    ):
         cont.retrieve(ctx.context_id)
 
 
@@ -73,7 +75,9 @@ def _check_contexts(world_size):
 
     # nesting is an error, and the outer context survives it
     with dist_autograd.context() as outer:
-        with pytest.raises(RuntimeError, match="Already have an autograd context id for this thread"):
+        with pytest.raises(
+            RuntimeError, match="Already have an autograd context id for this thread"
+        ):
             with dist_autograd.context():
                 pass
         assert dist_autograd.current_context_id() == outer

@@ -18,7 +18,10 @@ from refimpl.distributed_autograd.engine import validate_roots
     [
         ([], "No tensors provided for gradient computation"),
         ([torch.rand(3, 3)], "requires_grad not set on root 0"),
-        ([torch.rand(3, 3, requires_grad=True)], r"root 0 of shape \(3, 3\) is not a scalar, all roots need to be scalar"),
+        (
+            [torch.rand(3, 3, requires_grad=True)],
+            r"root 0 of shape \(3, 3\) is not a scalar, all roots need to be scalar",
+        ),
         ([torch.rand(1, requires_grad=True)], "root 0 does not have a valid gradient function"),
     ],
 )
@@ -45,12 +48,12 @@ def _tensors(seed):
 
 
 def _assert_grads(name, got, tensors, expected):
-    for i, (t, e) in enumerate(zip(tensors, expected)):
+    for i, (t, e) in enumerate(zip(tensors, expected, strict=True)):
         if e is None:
             assert t not in got, f"{name}: tensor {i} unused yet has a gradient {got.get(t)}"
         else:
             assert t in got, f"{name}: tensor {i} has no gradient in the context"
-            torch.testing.assert_close(got[t], e, msg=lambda m: f"{name}: tensor {i}: {m}")
+            torch.testing.assert_close(got[t], e, msg=lambda m, i=i: f"{name}: tensor {i}: {m}")
 
 
 def _check_backward(world_size):
@@ -69,7 +72,12 @@ def _check_backward(world_size):
         if case is not cases.unused_leaf:  # torch's FAST mode hangs on an unused send function
             with torch_dist_autograd.context() as cid:
                 torch_dist_autograd.backward(cid, [case("torch", x, w)])
-                _assert_grads(case.__name__ + "/torch", torch_dist_autograd.get_gradients(cid), [x, w], expected)
+                _assert_grads(
+                    case.__name__ + "/torch",
+                    torch_dist_autograd.get_gradients(cid),
+                    [x, w],
+                    expected,
+                )
 
     # several roots
     x, w = _tensors(100)
@@ -82,7 +90,9 @@ def _check_backward(world_size):
     with dist_autograd.context() as cid:
         dist_autograd.rpc_sync(worker_name(1), torch.add, args=(x, w))
         dist_autograd.backward(cid, [(x * w).sum()])
-        _assert_grads("unused_send", dist_autograd.get_gradients(cid), [x, w], [w.detach(), x.detach()])
+        _assert_grads(
+            "unused_send", dist_autograd.get_gradients(cid), [x, w], [w.detach(), x.detach()]
+        )
 
     # retain_graph: repeated backward accumulates in the context; then the graph is released
     expected = torch.autograd.grad(cases.chain("local", x, w), [x, w])
@@ -93,12 +103,18 @@ def _check_backward(world_size):
         grads = dist_autograd.get_gradients(cid)
         _assert_grads("retain_graph x3", grads, [x, w], [3 * e for e in expected])
         dist_autograd.backward(cid, [loss])  # 4th, frees the graph
-        _assert_grads("retain_graph x4", dist_autograd.get_gradients(cid), [x, w], [4 * e for e in expected])
-        with pytest.raises(RuntimeError, match="backward through the distributed graph a second time"):
+        _assert_grads(
+            "retain_graph x4", dist_autograd.get_gradients(cid), [x, w], [4 * e for e in expected]
+        )
+        with pytest.raises(
+            RuntimeError, match="backward through the distributed graph a second time"
+        ):
             dist_autograd.backward(cid, [loss])
         # a fresh forward in the same context works again and keeps accumulating
         dist_autograd.backward(cid, [cases.chain("refimpl", x, w)])
-        _assert_grads("after release", dist_autograd.get_gradients(cid), [x, w], [5 * e for e in expected])
+        _assert_grads(
+            "after release", dist_autograd.get_gradients(cid), [x, w], [5 * e for e in expected]
+        )
 
     # rpc_async, remote + to_here, and an RRef passed to another call
     with dist_autograd.context() as cid:
@@ -139,7 +155,9 @@ def _check_backward(world_size):
         t.join(30)
     assert not errors and len(results) == 2, errors
     for xi, wi, got in results.values():
-        _assert_grads("threads", got, [xi, wi], torch.autograd.grad(cases.fan_out("local", xi, wi), [xi, wi]))
+        _assert_grads(
+            "threads", got, [xi, wi], torch.autograd.grad(cases.fan_out("local", xi, wi), [xi, wi])
+        )
 
     _assert_nothing_left(world_size)
 

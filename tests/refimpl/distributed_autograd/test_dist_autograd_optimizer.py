@@ -13,7 +13,10 @@ def _local_reference(seed_a, seed_b, dim, x, steps, lr):
     params = []
     for seed in (seed_a, seed_b):
         g = torch.Generator().manual_seed(seed)
-        params += [torch.randn(dim, dim, generator=g).requires_grad_(), torch.randn(dim, generator=g).requires_grad_()]
+        params += [
+            torch.randn(dim, dim, generator=g).requires_grad_(),
+            torch.randn(dim, generator=g).requires_grad_(),
+        ]
     opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
     for _ in range(steps):
         opt.zero_grad()
@@ -45,8 +48,8 @@ def _check_optimizer(world_size):
         *dist_autograd.rpc_sync(worker_name(2), ps.snapshot).values(),
     ]
     expected = _local_reference(11, 22, dim, x, steps, lr)
-    for i, (g, e) in enumerate(zip(got, expected)):
-        torch.testing.assert_close(g, e, msg=lambda m: f"param {i} after {steps} steps: {m}")
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(g, e, msg=lambda m, i=i: f"param {i} after {steps} steps: {m}")
     # .grad of the remote parameters is left untouched
     assert all(r.to_here().grad is None for r in rrefs)
 
