@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list scenarios and adapters")
     lst.add_argument("--profile", default="full", choices=catalogue.PROFILES)
     lst.add_argument("--area", default=None)
+    from conformance import zoo
+
+    zoo.add_arguments(sub.add_parser("zoo", help="run the suite against the mutant zoo: is every known-bad DDP caught?"))
     return p
 
 
@@ -114,13 +117,14 @@ def cmd_list(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=f"scenarios (profile {args.profile})")
-    for col in ("id", "profiles", "requires", "tolerance", "about"):
+    table.add_column("id", no_wrap=True)  # ids are copied into --scenario: never truncate them
+    for col in ("profiles", "requires", "tolerance", "about"):
         table.add_column(col)
     for s in catalogue.select(profile=args.profile, area=args.area):
         about = s.description + (f" [{s.upstream}]" if s.upstream else "")
-        table.add_row(s.id, ",".join(p for p in catalogue.PROFILES if p in s.profiles),
+        table.add_row(s.id, next(p for p in catalogue.PROFILES if p in s.profiles) + "+",
                       ", ".join(sorted(c.value for c in s.requires)), s.tolerance.describe(), about)
     console.print(table)
     adapters = Table(title="adapters")
@@ -136,7 +140,13 @@ def cmd_list(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "list": cmd_list}
+def cmd_zoo(args) -> int:
+    from conformance.zoo import cmd_zoo as run_zoo
+
+    return run_zoo(args)
+
+
+COMMANDS = {"run": cmd_run, "list": cmd_list, "zoo": cmd_zoo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,104 @@
+"""The `gradparity` command and the plugin, end to end (pytester runs them in a subprocess)."""
+
+import json
+import os
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("cli")
+
+NO_BROADCAST = textwrap.dedent(
+    """
+    import torch.nn.parallel
+
+    class NoInitSync(torch.nn.parallel.DistributedDataParallel):
+        '''torch DDP without the construction-time broadcast.'''
+        def __init__(self, module, **kwargs):
+            super().__init__(module, init_sync=False, **kwargs)
+
+    class Minimal(torch.nn.parallel.DistributedDataParallel):
+        gradparity_capabilities = frozenset()
+    """
+)
+
+
+@pytest.fixture
+def env(pytester, monkeypatch):
+    pytester.makepyfile(my_ddp=NO_BROADCAST)
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return pytester
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--adapter", "nope"], "unknown adapter 'nope'"),
+        (["run", "--ddp-class", "nowhere.mod:Cls"], "cannot import 'nowhere.mod'"),
+        (["run", "--world-size", "0"], "impossible world size 0"),
+        (["run", "--scenario", "ddp/none/such"], "unknown scenario"),
+        (["run", "--xfails", "missing.txt"], "does not exist"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(env, args, needle):
+    result = env.run("gradparity", *args)
+    assert result.ret == 2
+    err = [line for line in result.errlines if line.strip()]
+    assert len(err) == 1 and needle in err[0], result.errlines
+
+
+def test_list_shows_scenarios_and_adapters(env):
+    result = env.run("gradparity", "list", "--profile", "quick")
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "ddp/plain/mlp/w2/fp32" in out and "torch-ddp" in out
+
+
+@pytest.mark.slow
+def test_run_writes_reports_and_passes(env):
+    result = env.run("gradparity", "run", "--adapter", "torch-ddp", "--scenario", "ddp/plain/mlp/w2/fp32",
+                     "--scenario", "ddp/no-sync/mlp/w2/fp32", "--report-dir", "out", timeout=300)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    report = json.loads((env.path / "out" / "gradparity.json").read_text())
+    assert report["schema"] == "gradparity.report/1"
+    assert report["summary"]["passed"] == 2 and report["run"]["backends"] == ["gloo"]
+    assert report["adapters"][0]["version"] and report["environment"]["torch"]
+    assert {r["tolerance"] for r in report["results"]} == {"bitwise"}
+    assert (env.path / "out" / "junit.xml").exists()
+    assert "torch-ddp" in (env.path / "out" / "gradparity.html").read_text()
+    assert "conformant" in result.stdout.str()
+
+
+@pytest.mark.slow
+def test_broken_implementation_fails_with_a_useful_message(env):
+    result = env.run("gradparity", "run", "--ddp-class", "my_ddp:NoInitSync", "--scenario", "ddp/plain/mlp/w2/fp32",
+                     "--report-dir", "out", timeout=300)
+    assert result.ret == 1
+    report = json.loads((env.path / "out" / "gradparity.json").read_text())
+    (case,) = report["results"]
+    assert case["verdict"] == "failed"
+    assert "rank 1, after construction" in case["message"] and "repro: gradparity run --ddp-class my_ddp:NoInitSync" in case["message"]
+
+
+@pytest.mark.slow
+def test_missing_capability_skips_and_names_it(env):
+    result = env.run("gradparity", "run", "--ddp-class", "my_ddp:Minimal", "--scenario", "ddp/no-sync/mlp/w2/fp32",
+                     "--scenario", "ddp/plain/mlp/w2/fp32", "--report-dir", "out", "-v", "--", "-rs", timeout=300)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert "Minimal lacks capability: no_sync" in result.stdout.str()
+
+
+@pytest.mark.slow
+def test_plain_pytest_with_xfails_file(env):
+    env.path.joinpath("xfails.txt").write_text(
+        "torch-ddp|ddp/plain/mlp/w1/fp32  # pretend it is known broken\n"
+        "# a comment line\n"
+        "torch-ddp|ddp/does-not-exist  # stale entry\n"
+    )
+    result = env.runpytest_subprocess("--pyargs", "conformance.suite", "--adapter", "torch-ddp",
+                                      "--scenario", "ddp/plain/mlp/w1/fp32", "--xfails", "xfails.txt", "-p", "no:cacheprovider")
+    # strict xfail: a listed case that passes is reported (XPASS(strict) fails the run)
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "XPASS(strict)" in out or "xpassed" in out.lower()
+    assert "matches no collected case" in out

@@ -1,0 +1,47 @@
+"""Comparison: verdicts and the information a failure message must carry."""
+
+import torch
+
+from conformance.compare import compare_dicts, compare_tensor, failure_message
+from conformance.spec import EXACT, Tolerance, float_tolerance
+
+
+def test_exact_accepts_equal_and_rejects_one_ulp():
+    a = torch.tensor([1.0, 2.0, 3.0])
+    assert compare_tensor("w", a, a.clone(), EXACT) is None
+    b = a.clone()
+    b[1] = torch.nextafter(b[1], torch.tensor(10.0))
+    m = compare_tensor("w", a, b, EXACT)
+    assert m is not None and m.worst_index == (1,)
+    assert m.expected_value == 2.0 and m.actual_value == float(b[1])
+
+
+def test_tolerance_band():
+    tol = Tolerance(False, rtol=1e-3, atol=0.0)
+    a = torch.tensor([100.0])
+    assert compare_tensor("w", a, torch.tensor([100.05]), tol) is None
+    assert compare_tensor("w", a, torch.tensor([100.2]), tol) is not None
+
+
+def test_none_dtype_shape_and_names():
+    a = torch.ones(2)
+    assert "expected grad None" in compare_tensor("w", None, torch.zeros(2), EXACT).problem
+    assert "got None" in compare_tensor("w", a, None, EXACT).problem
+    assert "dtype" in compare_tensor("w", a, a.double(), EXACT).problem
+    assert "shape" in compare_tensor("w", a, torch.ones(3), EXACT).problem
+    problems = {m.name: m.problem for m in compare_dicts({"a": a, "b": a}, {"a": a, "c": a}, EXACT)}
+    assert "missing" in problems["b"] and "unexpected" in problems["c"]
+
+
+def test_failure_message_names_everything():
+    m = compare_tensor("layers.0.weight", torch.zeros(2, 2), torch.tensor([[0.0, 0.0], [0.5, 0.0]]), EXACT)
+    text = failure_message(scenario_id="ddp/x/mlp/w2/fp32", adapter="torch-ddp", rank=1, where="after optimizer step 0",
+                           what="parameters differ", mismatches=[m], tol=EXACT, repro="gradparity run --scenario ddp/x")
+    for needle in ("ddp/x/mlp/w2/fp32", "rank 1", "step 0", "layers.0.weight", "max abs err 0.5", "[1, 0]",
+                   "expected 0.0, actual 0.5", "bitwise", "repro: gradparity run"):
+        assert needle in text, needle
+
+
+def test_float_tolerance_scales_with_summands():
+    assert float_tolerance("float32", 4).rtol == 4 * float_tolerance("float32", 1).rtol
+    assert float_tolerance("bfloat16", 2).rtol > float_tolerance("float16", 2).rtol

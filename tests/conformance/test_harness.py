@@ -1,0 +1,75 @@
+"""The warm rank pool's failure paths: each is a failure with the rank's traceback or stack,
+reported within the timeout, and the next task passes on a fresh group."""
+
+import pytest
+
+from conformance.harness.context import choose_topology
+from conformance.harness.pool import PoolState, RankPool
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("harness")]
+PROBE = "conformance.harness.probes:"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = RankPool(choose_topology(2, "cpu"))
+    yield p
+    p.close()
+
+
+def _recovers(pool):
+    outcome = pool.run(PROBE + "echo", "after", timeout=60)
+    assert outcome.ok, outcome.render_failures()
+    assert outcome.values[0]["sum"] == 1.0 and outcome.values[1]["payload"] == "after"
+
+
+def test_warm_pool_reuses_processes(pool):
+    pool.run(PROBE + "echo", 0, timeout=60)
+    starts = pool.startups
+    for i in range(5):
+        outcome = pool.run(PROBE + "echo", i, timeout=60)
+        assert outcome.ok and {r: v["payload"] for r, v in outcome.values.items()} == {0: i, 1: i}
+    assert pool.startups == starts, "a healthy pool must not restart between tasks"
+
+
+def test_rank_that_raises(pool):
+    outcome = pool.run(PROBE + "raise_on", 1, timeout=30)
+    assert not outcome.ok and outcome.seconds < 30
+    assert outcome.failures[1].kind == "raised"
+    assert "deliberate failure on rank 1" in outcome.failures[1].traceback
+    # rank 0 was blocked in a collective: it is reported with its stack, not passed
+    assert outcome.failures[0].kind in ("no-answer", "raised")
+    assert pool.state == PoolState.BROKEN
+    _recovers(pool)
+
+
+def test_rank_that_exits(pool):
+    outcome = pool.run(PROBE + "exit_on", 1, timeout=30)
+    assert not outcome.ok and outcome.seconds < 30
+    assert outcome.failures[1].kind == "died"
+    assert "exit status 3" in outcome.failures[1].message
+    _recovers(pool)
+
+
+def test_rank_that_hangs_in_a_collective(pool):
+    outcome = pool.run(PROBE + "hang_on", 1, timeout=4)
+    assert not outcome.ok and outcome.seconds < 15
+    assert {f.kind for f in outcome.failures.values()} == {"timeout"}
+    assert "time.sleep" in outcome.failures[1].stack or "hang_on" in outcome.failures[1].stack
+    assert "all_reduce" in outcome.failures[0].stack
+    assert "4s timeout" in outcome.failures[0].message
+    _recovers(pool)
+
+
+def test_pending_collective_poisons_nothing(pool):
+    """A task that leaves a collective in flight fails the consistency check, not the next task."""
+    outcome = pool.run(PROBE + "leave_pending", None, timeout=4)
+    assert not outcome.ok
+    _recovers(pool)
+
+
+def test_clean_teardown_is_not_a_failure():
+    p = RankPool(choose_topology(1, "cpu"))
+    assert p.run(PROBE + "echo", 1, timeout=60).ok
+    p.close()
+    assert p.state == PoolState.CLOSED
