@@ -1,0 +1,370 @@
+"""ShardedDataParallel: data parallel with sharded gradients and optimizer state (ZeRO-2 style).
+
+What each rank holds:
+  * the full parameters (forward and backward run on them, as with DDP);
+  * for every trainable parameter, one chunk of its flattened gradient and of its optimizer
+    state — 1/W of the total, W = process-group size.
+
+One training step:
+  1. forward/backward on the full parameters; autograd accumulates the local ``p.grad``;
+  2. when the backward finishes, every parameter's gradient is divided by W and
+     reduce-scattered through a :class:`~refimpl.bucketer.ReduceScatterBucketer`: rank r
+     receives chunk r of ``(1/W) Σ_ranks grad``; the full local ``p.grad`` is then freed;
+  3. the optimizer (any ``torch.optim`` class) steps only this rank's chunks;
+  4. the chunks are all-gathered back into the full parameters on every rank.
+
+[Note: shard layout]
+Parameter ``p`` with ``n`` elements is flattened and zero-padded to ``c * W`` elements,
+``c = ceil(n / W)``; rank r owns elements ``[r*c, (r+1)*c)``. This rank's chunks of all the
+parameters of one dtype are laid end to end in one flat buffer (``_FlatShard``): the optimizer
+sees one ``nn.Parameter`` per chunk, each a view into that buffer, so all-gathering the
+parameters is one collective per dtype. Padding is zero in parameters and gradients, so
+element-wise optimizers (SGD, Adam, AdamW, RMSprop, Adagrad …) keep it zero and step every
+real element exactly as they would step the full tensor. Optimizers that look across
+elements (LAMB, LARS, Adafactor, gradient-norm clipping) would see per-chunk norms: not
+supported (a global norm needs one more all-reduce).
+
+[Note: when gradients are reduced]
+All parameters are reduce-scattered in registration order at the end of each synced backward
+(``queue_callback`` from the first gradient hook), not as each gradient becomes ready. Why:
+ranks may use different parameters (rank-dependent control flow), and bucketing requires the
+same sequence of reduce-scatters on every rank (see ``refimpl.bucketer``). One small
+all-reduce of "which parameters have a gradient" first decides, identically everywhere, which
+parameters to reduce: a parameter no rank used keeps its sharded gradient unchanged (``None``
+after ``zero_grad``), just like a parameter that gets no gradient without data parallelism.
+A rank whose synced backward reaches no parameter at all never joins the reduction and the
+others wait until the process-group timeout: every rank must backward through at least one
+parameter (the same requirement as DDP).
+
+Collectives (public names): ``broadcast``, ``all_reduce``, the bucketer's reduce-scatter and
+``all_gather_single`` (torch >= 2.10; ``all_gather_into_tensor`` before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from refimpl.bucketer import ReduceScatterBucketer
+
+__all__ = ["ReduceState", "ShardedDataParallel", "ShardedOptimizer"]
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class ReduceState(enum.Enum):
+    """Where gradient reduction stands.
+
+    IDLE -> (first gradient hook of a synced backward) -> REDUCE_QUEUED
+    REDUCE_QUEUED -> (end of that backward: reduce-scatter) -> IDLE
+    Reading full gradients or stepping the optimizer is valid only in IDLE.
+    """
+
+    IDLE = "idle"
+    REDUCE_QUEUED = "reduce-queued"
+
+
+@dataclass
+class _Slot:
+    """One trainable parameter and where its chunk lives in this rank's flat shard."""
+
+    name: str
+    param: nn.Parameter  # the full parameter inside the module
+    numel: int
+    chunk: int  # elements per rank (ceil(numel / W)); padding included
+    offset: int  # start of this rank's chunk in the flat shard
+    flat: _FlatShard
+    shard: nn.Parameter | None = None  # this rank's chunk: a view into flat.params
+
+
+class _FlatShard:
+    """This rank's chunks of all parameters of one (dtype, device), end to end."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype = dtype
+        self.device = device
+        self.slots: list[_Slot] = []
+        self.numel = 0
+        self.params = torch.empty(0)
+        self.grads = torch.empty(0)
+
+    def allocate(self) -> None:
+        self.params = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+        self.grads = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+
+
+def _chunk_of(full: Tensor, slot: _Slot, rank: int, world_size: int) -> Tensor:
+    """Rank ``rank``'s chunk of the flattened, zero-padded ``full``."""
+    padded = full.new_zeros(slot.chunk * world_size)
+    padded[:slot.numel] = full.reshape(-1)
+    return padded[rank * slot.chunk:(rank + 1) * slot.chunk]
+
+
+class ShardedDataParallel(nn.Module):
+    """Sharded data parallel (gradients and optimizer state sharded, parameters replicated).
+
+    After each synced backward, the gradient of the full model is ``(1/W) Σ_r ∇L_r``, held
+    sharded: read it with :meth:`full_gradients`. The full ``p.grad`` of the wrapped module
+    is freed after reduction (that is the memory saving). Step with the optimizer from
+    :meth:`make_optimizer`, which all-gathers the updated parameters.
+
+    Usage::
+
+        model = ShardedDataParallel(net, process_group=group)   # broadcasts rank 0's state
+        opt = model.make_optimizer(torch.optim.Adam, lr=1e-3)
+        for x, y in data:
+            loss_fn(model(x), y).backward()   # reduce-scatter runs as backward ends
+            opt.step()                        # steps this rank's shard, then all-gathers
+            opt.zero_grad()
+        with model.no_sync():                 # local accumulation, reduced at next backward
+            loss_fn(model(x1), y1).backward()
+        loss_fn(model(x2), y2).backward()
+
+    Args:
+        module: the model; its parameters and buffers are overwritten by rank 0's.
+        process_group: group to shard over (default: the default group, resolved now).
+        bucket_cap_mb: reduce-scatter bucket size, see ``ReduceScatterBucketer``.
+        broadcast_buffers: broadcast rank 0's buffers before every forward (DDP's rule);
+            buffers are always broadcast at construction.
+    """
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None,
+                 bucket_cap_mb: float = 25, broadcast_buffers: bool = True) -> None:
+        super().__init__()
+        assert dist.is_initialized(), (
+            "ShardedDataParallel needs an initialized process group: call "
+            "torch.distributed.init_process_group() first")
+        self.module = module
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.world_size = self.process_group.size()
+        self.rank = dist.get_rank(self.process_group)
+        self._src = dist.get_global_rank(self.process_group, 0)
+        self.broadcast_buffers = broadcast_buffers
+        self.bucketer = ReduceScatterBucketer(bucket_cap_mb)
+        self._state = ReduceState.IDLE
+        self._sync = True  # False inside no_sync()
+        self._sync_backward = True  # captured at forward, like DDP: decides the next backward
+
+        with torch.no_grad():
+            self._broadcast([p.detach() for p in module.parameters()])
+            self._broadcast(list(module.buffers()))
+        self._slots, self._flats = self._build_shards()
+        self._hooks = [slot.param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
+                       for slot in self._slots]
+
+    # --- construction -----------------------------------------------------------------------
+    def _build_shards(self) -> tuple[list[_Slot], list[_FlatShard]]:
+        flats: dict[tuple[torch.dtype, torch.device], _FlatShard] = {}
+        slots = []
+        for name, p in self.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            assert not p.is_sparse, f"parameter {name!r} is sparse: not supported"
+            flat = flats.setdefault((p.dtype, p.device), _FlatShard(p.dtype, p.device))
+            chunk = math.ceil(p.numel() / self.world_size)
+            slot = _Slot(name, p, p.numel(), chunk, flat.numel, flat)
+            flat.numel += chunk
+            flat.slots.append(slot)
+            slots.append(slot)
+        with torch.no_grad():
+            for flat in flats.values():
+                flat.allocate()
+                for slot in flat.slots:
+                    view = flat.params[slot.offset:slot.offset + slot.chunk]
+                    view.copy_(_chunk_of(slot.param.detach(), slot, self.rank, self.world_size))
+                    slot.shard = nn.Parameter(view)  # shares storage with flat.params
+        return slots, list(flats.values())
+
+    def _broadcast(self, tensors: list[Tensor]) -> None:
+        """Overwrite ``tensors`` with rank 0's values: one broadcast per (dtype, device)."""
+        by_kind: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+        for t in tensors:
+            by_kind.setdefault((t.dtype, t.device), []).append(t)
+        for group in by_kind.values():
+            flat = torch.cat([t.reshape(-1) for t in group])
+            dist.broadcast(flat, src=self._src, group=self.process_group)
+            offset = 0
+            for t in group:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    # --- forward / no_sync ------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        if self._state is ReduceState.REDUCE_QUEUED:
+            # Only possible if the previous backward raised before its end-of-backward callback.
+            warnings.warn("ShardedDataParallel: the previous backward did not finish; its "
+                          "gradients stay local and are reduced at the next synced backward",
+                          stacklevel=2)
+            self._state = ReduceState.IDLE
+        if self.broadcast_buffers and self.world_size > 1:
+            with torch.no_grad():
+                self._broadcast(list(self.module.buffers()))
+        self._sync_backward = self._sync
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally in ``p.grad``; the next synced backward reduces them.
+
+        As with DDP, what counts is whether the *forward* ran inside the context: its
+        backward then skips the reduction.
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # --- gradient reduction -----------------------------------------------------------------
+    def _on_grad_accumulated(self, param: Tensor) -> None:
+        if self._sync_backward and self._state is ReduceState.IDLE:
+            self._state = ReduceState.REDUCE_QUEUED
+            torch.autograd.Variable._execution_engine.queue_callback(self._reduce_gradients)
+
+    @torch.no_grad()
+    def _reduce_gradients(self) -> None:
+        assert self._state is ReduceState.REDUCE_QUEUED, f"internal: reduce in {self._state}"
+        first = self._slots[0].param
+        used = torch.tensor([s.param.grad is not None for s in self._slots], dtype=torch.int32,
+                            device=first.device)
+        dist.all_reduce(used, group=self.process_group)  # how many ranks have a gradient
+        W = self.world_size
+        for slot, n_ranks in zip(self._slots, used.tolist()):
+            if n_ranks == 0:
+                continue  # no rank used it: leave its sharded gradient untouched
+            grad = slot.param.grad
+            padded = slot.param.new_zeros(slot.chunk * W)
+            if grad is not None:
+                assert not grad.is_sparse, f"sparse gradient for {slot.name!r}: not supported"
+                # Divide before summing (as DDP does) so low-precision sums cannot overflow.
+                torch.div(grad.reshape(-1), W, out=padded[:slot.numel])
+            self.bucketer.reduce_scatter_async(list(padded.view(W, slot.chunk)),
+                                               self.process_group,
+                                               functools.partial(self._accumulate, slot))
+        self.bucketer.flush()
+        self.bucketer.teardown()  # no staging memory between backward passes
+        for slot in self._slots:
+            slot.param.grad = None
+        self._state = ReduceState.IDLE
+
+    @staticmethod
+    def _accumulate(slot: _Slot, reduced: Tensor) -> None:
+        """Bucketer callback: add the reduced chunk to this rank's sharded gradient."""
+        assert slot.shard is not None
+        if slot.shard.grad is None:
+            view = slot.flat.grads[slot.offset:slot.offset + slot.chunk]
+            view.copy_(reduced)
+            slot.shard.grad = view
+        else:
+            slot.shard.grad.add_(reduced)
+
+    # --- sharded optimizer support ----------------------------------------------------------
+    def sharded_parameters(self) -> list[nn.Parameter]:
+        """This rank's chunks, one ``nn.Parameter`` per trainable parameter (for optimizers)."""
+        return [s.shard for s in self._slots if s.shard is not None and s.chunk > 0]
+
+    def make_optimizer(self, optimizer_class: type[torch.optim.Optimizer],
+                       **kwargs) -> ShardedOptimizer:
+        """An optimizer over this rank's shard that all-gathers the parameters after step()."""
+        return ShardedOptimizer(self, optimizer_class, **kwargs)
+
+    def _assert_idle(self, what: str) -> None:
+        assert self._state is ReduceState.IDLE, (
+            f"{what} while gradient reduction is queued ({self._state.value}): call it after "
+            f"loss.backward() has returned")
+
+    @torch.no_grad()
+    def gather_parameters(self) -> None:
+        """All-gather every rank's chunks into the full parameters (after an optimizer step)."""
+        self._assert_idle("gather_parameters()")
+        for flat, gathered in zip(self._flats, self._all_gather(lambda s: s.shard)):
+            for slot in flat.slots:
+                slot.param.copy_(self._unshard(gathered, slot))
+
+    def _all_gather(self, chunk_of) -> list[Tensor]:
+        """For each flat shard: ``(W, numel)`` of every rank's chunks picked by ``chunk_of``."""
+        out = []
+        for flat in self._flats:
+            mine = flat.params.new_zeros(flat.numel)
+            for slot in flat.slots:
+                chunk = chunk_of(slot)
+                if chunk is not None:
+                    mine[slot.offset:slot.offset + slot.chunk] = chunk.detach()
+            gathered = mine.new_empty(self.world_size * flat.numel)
+            _all_gather_single(gathered, mine, group=self.process_group)
+            out.append(gathered.view(self.world_size, flat.numel))
+        return out
+
+    @staticmethod
+    def _unshard(gathered: Tensor, slot: _Slot) -> Tensor:
+        cols = gathered[:, slot.offset:slot.offset + slot.chunk]
+        return cols.reshape(-1)[:slot.numel].view_as(slot.param).clone()
+
+    # --- reading full state (the conformance suite's view) ----------------------------------
+    def full_gradients(self) -> dict[str, Tensor | None]:
+        """Unsharded gradients by parameter name; ``None`` where no gradient was reduced.
+
+        Collective: every rank of the group must call it. Gradients accumulated under
+        ``no_sync()`` and not yet reduced are not included (they are local until the next
+        synced backward).
+        """
+        self._assert_idle("full_gradients()")
+        result: dict[str, Tensor | None] = {n: None for n, _ in self.module.named_parameters()}
+        gathered = self._all_gather(lambda s: s.shard.grad)
+        for flat, g in zip(self._flats, gathered):
+            for slot in flat.slots:
+                if slot.shard is not None and slot.shard.grad is not None:
+                    result[slot.name] = self._unshard(g, slot)
+        return result
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        """Full parameters by name (copies). Every rank holds them already; no communication."""
+        return {n: p.detach().clone() for n, p in self.module.named_parameters()}
+
+
+class ShardedOptimizer:
+    """Wrap ``optimizer_class`` over this rank's shard; ``step()`` then all-gathers parameters.
+
+    Only the chunks owned by this rank are stepped, so optimizer state (Adam's moments …)
+    takes 1/W of the memory. ``state_dict()`` is this rank's shard of the state.
+    """
+
+    def __init__(self, model: ShardedDataParallel,
+                 optimizer_class: type[torch.optim.Optimizer], **kwargs) -> None:
+        self.model = model
+        self.optimizer = optimizer_class(model.sharded_parameters(), **kwargs)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def step(self, closure=None):
+        self.model._assert_idle("optimizer.step()")
+        loss = self.optimizer.step(closure)
+        self.model.gather_parameters()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the sharded gradients and any local ``no_sync()`` accumulation."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        for p in self.model.module.parameters():
+            p.grad = None
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
