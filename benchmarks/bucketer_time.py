@@ -1,0 +1,192 @@
+"""Reduce-scatter bucketing, timed: bucketed vs unbucketed, refimpl vs FairScale.
+
+World size 2, gloo on CPU, 127.0.0.1. Each repetition reduce-scatters the same 200 small
+tensors (100..1000 float32 elements per chunk), then flushes and tears the buckets down (as
+sharded data parallel does once per backward). Times are the slowest rank's, medians over the
+repetitions. Rows:
+
+  * unbucketed: refimpl's bucketer with ``bucket_cap_mb=0`` (one collective per tensor);
+  * refimpl: ``refimpl.bucketer.ReduceScatterBucketer`` (default 25 MiB buckets);
+  * fairscale: FairScale 0.4.13's ``ReduceScatterBucketer`` (skipped, with the reason, if it
+    does not import).
+
+Run: ``python benchmarks/bucketer_time.py [--quick]``. Writes
+``benchmarks/results/bucketer_time.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD_SIZE = 2
+N_TENSORS = 200
+RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "bucketer_time.json"
+
+
+def _import_fairscale():
+    """(class, version, None) or (None, None, reason).
+
+    FairScale's bucketer calls the private ``dist._reduce_scatter_base`` with a 2-D
+    ``(world_size, n)`` input by default, which gloo rejects ("outputShape[0] * worldSize ==
+    inputShape[0]"). Its own switch ``ENABLE_NCCL_BASE_COLLECTIVES=0`` (read at import) makes
+    it call the public list form ``dist.reduce_scatter`` instead, which gloo runs.
+    """
+    os.environ.setdefault("ENABLE_NCCL_BASE_COLLECTIVES", "0")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import fairscale
+            try:
+                from fairscale.internal.reduce_scatter_bucketer import ReduceScatterBucketer
+            except ImportError:
+                from fairscale.utils.reduce_scatter_bucketer import ReduceScatterBucketer
+        return ReduceScatterBucketer, fairscale.__version__, None
+    except Exception as e:  # noqa: BLE001 - any import failure is reported, not raised
+        return None, None, f"{type(e).__name__}: {e}"
+
+
+def _fairscale_bytes(bucketer) -> int:
+    return sum(t.untyped_storage().nbytes() for b in bucketer.buckets.values()
+               for t in (b.data, b.output_shard))
+
+
+def _inputs(rank):
+    g = torch.Generator().manual_seed(rank)
+    return [[torch.randint(-8, 9, (100 + (i * 37) % 900,), generator=g).float()
+             for _ in range(WORLD_SIZE)] for i in range(N_TENSORS)]
+
+
+def _time(bucketer, group, inputs, reps, use_teardown=True):
+    """Median over ``reps`` of the slowest rank's time for one round of all inputs."""
+    times, outputs = [], []
+    for _ in range(reps + 1):  # the first round warms up (allocations, connections)
+        outputs.clear()
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        for chunks in inputs:
+            bucketer.reduce_scatter_async(chunks, group, outputs.append)
+        bucketer.flush()
+        if use_teardown:
+            bucketer.teardown()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+        times.append(elapsed.item())
+    return statistics.median(times[1:]), [o.clone() for o in outputs]
+
+
+def _rank(rank, port, out_dir, reps):
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # deprecation chatter from FairScale's private calls
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, WORLD_SIZE + 1, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE,
+                            timeout=timeout)
+    from refimpl.bucketer import ReduceScatterBucketer
+
+    group = dist.group.WORLD
+    inputs = _inputs(rank)
+    want = [sum(_inputs(r)[i][rank] for r in range(WORLD_SIZE)) for i in range(N_TENSORS)]
+    rows = {}
+
+    unb = ReduceScatterBucketer(bucket_cap_mb=0)
+    t_unb, out = _time(unb, group, inputs, reps)
+    rows["unbucketed"] = {"median_s": t_unb, "collectives_per_round": unb.num_collectives
+                          // (reps + 1), "exact": all(map(torch.equal, out, want)),
+                          "bytes_after_teardown": unb.memory_bytes()}
+    ref = ReduceScatterBucketer(bucket_cap_mb=25)
+    t_ref, out = _time(ref, group, inputs, reps)
+    rows["refimpl"] = {"median_s": t_ref, "collectives_per_round": ref.num_collectives
+                       // (reps + 1), "exact": all(map(torch.equal, out, want)),
+                       "bytes_after_teardown": ref.memory_bytes()}
+
+    fs_cls, fs_version, fs_error = _import_fairscale()
+    if fs_cls is not None:
+        try:
+            fs = fs_cls(bucket_cap_mb=25)
+            t_fs, out = _time(fs, group, inputs, reps)
+            rows["fairscale"] = {"median_s": t_fs, "collectives_per_round": None,
+                                 "exact": all(map(torch.equal, out, want)),
+                                 "bytes_after_teardown": _fairscale_bytes(fs)}
+        except Exception as e:  # noqa: BLE001
+            fs_error = f"{type(e).__name__}: {e}"
+    if rank == 0:
+        with open(os.path.join(out_dir, "result.json"), "w") as f:
+            json.dump({"rows": rows, "fairscale_version": fs_version,
+                       "fairscale_error": fs_error}, f)
+    dist.barrier(group=group)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 repetitions instead of 30")
+    args = parser.parse_args(argv)
+    reps = 5 if args.quick else 30
+
+    store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, is_master=True,
+                          wait_for_workers=False, timeout=datetime.timedelta(seconds=60))
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.start_processes(_rank, args=(store.port, out_dir, reps), nprocs=WORLD_SIZE,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + 600
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.terminate()
+                print("benchmark timed out after 600 s", file=sys.stderr)
+                return 1
+        result = json.loads(pathlib.Path(out_dir, "result.json").read_text())
+
+    rows = result["rows"]
+    t_unb, t_ref = rows["unbucketed"]["median_s"], rows["refimpl"]["median_s"]
+    report = {
+        "benchmark": "bucketer_time", "schema": 1, "torch": torch.__version__,
+        "backend": "gloo", "device": "cpu", "world_size": WORLD_SIZE, "n_tensors": N_TENSORS,
+        "repetitions": reps, "quick": args.quick, "rows": rows,
+        "ratio_unbucketed_over_bucketed": t_unb / t_ref,
+        "fairscale_version": result["fairscale_version"],
+        "fairscale_skipped_reason": result["fairscale_error"],
+        "fairscale_env": {"ENABLE_NCCL_BASE_COLLECTIVES": "0"},
+        "ratio_fairscale_over_refimpl": (rows["fairscale"]["median_s"] / t_ref
+                                         if "fairscale" in rows else None),
+    }
+    print(f"reduce-scatter of {N_TENSORS} small float32 tensors, world size {WORLD_SIZE}, "
+          f"gloo/cpu, torch {torch.__version__}, median of {reps} (slowest rank)")
+    header = f"{'implementation':<24}{'median ms':>11}{'vs refimpl':>12}{'collectives':>13}" \
+             f"{'exact':>7}{'bytes after teardown':>22}"
+    print(header)
+    print("-" * len(header))
+    names = {"unbucketed": "unbucketed (cap=0)", "refimpl": "refimpl bucketed (25MB)",
+             "fairscale": f"fairscale {result['fairscale_version']} (25MB)"}
+    for key in ("unbucketed", "refimpl", "fairscale"):
+        if key not in rows:
+            print(f"{names[key] if key != 'fairscale' else 'fairscale':<24} skipped: "
+                  f"{result['fairscale_error']}")
+            continue
+        r = rows[key]
+        coll = "-" if r["collectives_per_round"] is None else str(r["collectives_per_round"])
+        print(f"{names[key]:<24}{r['median_s'] * 1e3:>11.2f}{r['median_s'] / t_ref:>11.2f}x"
+              f"{coll:>13}{str(r['exact']):>7}{r['bytes_after_teardown']:>22}")
+    print(f"bucketed speed-up over unbucketed: {t_unb / t_ref:.2f}x")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2))
+    print(f"wrote {RESULTS}")
+    ok = rows["refimpl"]["bytes_after_teardown"] == 0 and rows["refimpl"]["exact"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
