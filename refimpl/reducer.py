@@ -301,7 +301,7 @@ class Reducer:
 
     # ------------------------------------------------------------ hook path
     def _on_grad(self, i: int, p: torch.Tensor) -> None:
-        """Post-accumulate-grad hook of parameter ``i`` (the hot path)."""
+        """Post-accumulate-grad hook of parameter ``i`` (the hot path: keep it flat)."""
         state = self._state
         if state is not _BACKWARD:
             if state is _PREPARED:
@@ -326,9 +326,25 @@ class Reducer:
         elif self._ready[i]:
             self._fail(self._twice_error(i))
         self._used[i] = 1
-        self._mark_ready(i, p)
+        # Inlined _mark_ready for a used dense parameter: one Python frame per gradient.
+        self._ready[i] = True
+        self._ready_ns[i] = _now() - self._base_ns
+        if self._record_order:
+            self._ready_order.append(i)
+        b = self._bucket_of[i]
+        if not b.sparse:
+            view = self._view_of[i]
+            g = p.grad
+            if g is not view:
+                view.copy_(g)
+                if self._as_view:
+                    p.grad = view
+        b.pending -= 1
+        if b.pending == 0 and b.index == self._next_bucket:
+            self._launch_ready()
 
     def _mark_ready(self, i: int, p: torch.Tensor) -> None:
+        """Mark a parameter whose hook did not fire (unused here): its current grad or zeros."""
         self._ready[i] = True
         self._ready_ns[i] = _now() - self._base_ns
         if self._record_order:
@@ -338,15 +354,11 @@ class Reducer:
             view = self._view_of[i]
             g = p.grad
             if g is None:
-                view.zero_()  # unused here: contribute zeros
-            elif self._as_view:
-                if g is not view:
-                    view.copy_(g)
-                    p.grad = view
-            elif self._scale and self._hook is None:
-                torch.mul(g, self._inv, out=view)  # divide while copying: one pass
-            else:
+                view.zero_()
+            elif g is not view:
                 view.copy_(g)
+                if self._as_view:
+                    p.grad = view
         b.pending -= 1
         if b.pending == 0 and b.index == self._next_bucket:
             self._launch_ready()
@@ -379,7 +391,8 @@ class Reducer:
                 raise TypeError(f"comm hook must return a torch.futures.Future, got {type(fut).__name__}")
             b.future = fut
         else:
-            if self._as_view and self._scale:
+            if self._scale:
+                # Average by pre-scaling (as torch does): x/W summed over W ranks.
                 b.buffer.mul_(self._inv)
             b.work = dist.all_reduce(b.buffer, group=self._pg, async_op=True)
             fut = b.work.get_future()
