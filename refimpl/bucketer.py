@@ -106,7 +106,7 @@ class _Bucket:
         assert numel <= self.free, "internal: caller must flush a bucket that cannot fit the input"
         self.setup()
         assert self.data is not None
-        for row, chunk in zip(self.data, inputs):
+        for row, chunk in zip(self.data, inputs, strict=True):
             row[self.offset:self.offset + numel].copy_(chunk.reshape(-1))
         self.offset += numel
         self.callbacks.append((callback, numel, inputs[0].shape))

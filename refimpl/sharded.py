@@ -238,7 +238,7 @@ class ShardedDataParallel(nn.Module):
                             device=first.device)
         dist.all_reduce(used, group=self.process_group)  # how many ranks have a gradient
         W = self.world_size
-        for slot, n_ranks in zip(self._slots, used.tolist()):
+        for slot, n_ranks in zip(self._slots, used.tolist(), strict=True):
             if n_ranks == 0:
                 continue  # no rank used it: leave its sharded gradient untouched
             grad = slot.param.grad
@@ -286,7 +286,7 @@ class ShardedDataParallel(nn.Module):
     def gather_parameters(self) -> None:
         """All-gather every rank's chunks into the full parameters (after an optimizer step)."""
         self._assert_idle("gather_parameters()")
-        for flat, gathered in zip(self._flats, self._all_gather(lambda s: s.shard)):
+        for flat, gathered in zip(self._flats, self._all_gather(lambda s: s.shard), strict=True):
             for slot in flat.slots:
                 slot.param.copy_(self._unshard(gathered, slot))
 
@@ -320,7 +320,7 @@ class ShardedDataParallel(nn.Module):
         self._assert_idle("full_gradients()")
         result: dict[str, Tensor | None] = {n: None for n, _ in self.module.named_parameters()}
         gathered = self._all_gather(lambda s: s.shard.grad)
-        for flat, g in zip(self._flats, gathered):
+        for flat, g in zip(self._flats, gathered, strict=True):
             for slot in flat.slots:
                 if slot.shard is not None and slot.shard.grad is not None:
                     result[slot.name] = self._unshard(g, slot)

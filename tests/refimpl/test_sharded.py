@@ -209,8 +209,8 @@ def test_sharded_matches_single_process_baseline(tmp_path):
             runs = [results[r][key] for r in members]
             assert len(runs[0]) == len(SCHEDULE), f"{key}: only {len(runs[0])} steps ran"
             # contract 4: grads and params bitwise identical across the group's ranks
-            for r, run in zip(members, runs):
-                for step, ((g, p), (g0, p0)) in enumerate(zip(run, runs[0])):
+            for r, run in zip(members, runs, strict=True):
+                for step, ((g, p), (g0, p0)) in enumerate(zip(run, runs[0], strict=True)):
                     for name in p0:
                         assert torch.equal(p[name], p0[name]), f"{key} step {step} rank {r} {name}"
                         assert (g[name] is None and g0[name] is None) or torch.equal(
