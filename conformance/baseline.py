@@ -135,7 +135,7 @@ def _compute(scenario: Scenario) -> Baseline:
                     grads = torch.autograd.grad(loss, params, allow_unused=True)
                 else:
                     grads = [None] * len(params)
-                for (name, _), g in zip(named, grads):
+                for (name, _), g in zip(named, grads, strict=True):
                     local[rank][name] = _add(local[rank][name], _dense(g))
                 if rank == 0:
                     rank0_buffers = buffers()

@@ -8,7 +8,6 @@ is not a suite test is left alone (the options are inert for other test runs).
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -17,10 +16,8 @@ import pytest
 from conformance import catalogue
 from conformance.adapters import registry
 from conformance.adapters.protocol import missing_capabilities
-from conformance.spec import Scenario
-
-CASE_SEPARATOR = "|"
-XFAILS_DIR = os.path.join(os.path.dirname(__file__), "adapters", "xfails")
+from conformance.expectations import builtin_xfails, read_expectations
+from conformance.report.record import CASE_SEPARATOR, case_id, case_record
 
 
 def pytest_addoption(parser):
@@ -110,15 +107,11 @@ def pytest_unconfigure(config):
         session.close()
 
 
-def case_id(adapter_spec: str, scenario: Scenario) -> str:
-    return f"{adapter_spec}{CASE_SEPARATOR}{scenario.id}"
-
-
 def pytest_generate_tests(metafunc):
     if "gp_case" not in metafunc.fixturenames:
         return
     config = metafunc.config
-    area = getattr(metafunc.module, "AREA")
+    area = metafunc.module.AREA
     world_sizes = config.getoption("world_size")
     scenarios = catalogue.select(
         area=area, profile=config.getoption("profile"), world_sizes=world_sizes,
@@ -143,18 +136,6 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("gp_case", params)
 
 
-def read_expectations(path: str) -> dict[str, str]:
-    """`id  # reason` lines; blank lines and full-line comments are ignored."""
-    out = {}
-    with open(path) as fh:
-        for line in fh:
-            entry, _, reason = line.partition("#")
-            entry = entry.strip()
-            if entry:
-                out[entry] = reason.strip() or "listed in " + os.path.basename(path)
-    return out
-
-
 def _matches(entry: str, item) -> bool:
     return item.nodeid == entry or item.nodeid.endswith(entry) or item.nodeid.endswith(f"[{entry}]")
 
@@ -167,8 +148,8 @@ def pytest_collection_modifyitems(session, config, items):
     files = [(p, "xfail") for p in config.getoption("xfails")] + [(p, "skip") for p in config.getoption("skips")]
     for spec in gp.adapters:
         name = registry.load(spec).name
-        builtin = os.path.join(XFAILS_DIR, f"{name}.txt")
-        if os.path.exists(builtin):
+        builtin = builtin_xfails(name)
+        if builtin:
             files.append((builtin, "xfail"))
     for path, kind in files:
         for entry, reason in read_expectations(path).items():
@@ -225,45 +206,19 @@ def pytest_runtest_makereport(item, call):
         verdict = "skipped"
     message = ""
     if report.failed:
-        message = _short_failure(report)
+        message = _short_failure(report, call)
     elif report.skipped:
         message = getattr(report, "wasxfail", "") or (report.longrepr[2] if isinstance(report.longrepr, tuple) else "")
-    report.user_properties.append(
-        (
-            "gradparity",
-            {
-                "case": case_id(spec, scenario),
-                "adapter": spec,
-                "scenario": scenario.id,
-                "area": scenario.area,
-                "world_size": scenario.world_size,
-                "device": scenario.device,
-                "dtype": scenario.dtype,
-                "options": scenario.options.describe(),
-                "profiles": sorted(scenario.profiles),
-                "tolerance": scenario.tolerance.describe(),
-                "tolerance_reason": scenario.tolerance.reason,
-                "seed": scenario.seed,
-                "upstream": scenario.upstream,
-                "description": scenario.description,
-                "verdict": verdict,
-                "message": message,
-                "duration_s": round(report.duration, 4),
-                "comparisons": getattr(details, "comparisons", None),
-                "accepted_error": getattr(details, "accepted_error", None),
-                "details": getattr(details, "details", None) or {},
-            },
-        )
-    )
+    record = case_record(spec, scenario, verdict=verdict, message=message, duration_s=report.duration, checked=details)
+    report.user_properties.append(("gradparity", record))
 
 
-def _short_failure(report) -> str:
-    text = str(report.longrepr)
-    match = re.search(r"^E\s+(ConformanceError|AssertionError): (.*)$", text, re.M)
-    if match:
-        lines = [line[1:].strip() if line.startswith("E") else line for line in text.splitlines() if line.startswith("E ")]
-        return "\n".join(lines)[:8000]
-    return text[-8000:]
+def _short_failure(report, call) -> str:
+    """The contract's own message when there is one (it is complete); else pytest's text."""
+    excinfo = call.excinfo
+    if excinfo is not None and isinstance(excinfo.value, AssertionError) and str(excinfo.value).startswith("["):
+        return str(excinfo.value)
+    return str(report.longrepr)[-8000:]
 
 
 def pytest_sessionfinish(session, exitstatus):

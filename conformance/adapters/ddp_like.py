@@ -96,6 +96,16 @@ class DDPLikeAdapter:
         self.capabilities = frozenset(getattr(cls, "gradparity_capabilities", capabilities))
         self._comm_hooks = comm_hooks
 
+    def unavailable(self, scenario) -> str | None:
+        """Why a scenario cannot run here at all (a skip with the reason, never a pass)."""
+        if (
+            scenario.options.comm_hook == "bf16"
+            and scenario.device == "cpu"
+            and self._comm_hooks is torch_comm_hooks
+        ):
+            return "torch's bf16_compress_hook needs CUDA 11+ and NCCL 2.10+ (it refuses gloo on CPU)"
+        return None
+
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> DDPLikeWrapped:
         kwargs = dict(
             process_group=ctx.group,
@@ -128,8 +138,7 @@ def torch_ddp() -> DDPLikeAdapter:
 
 def refimpl_ddp() -> DDPLikeAdapter:
     import refimpl
-    from refimpl import DistributedDataParallel
-    from refimpl import comm_hooks
+    from refimpl import DistributedDataParallel, comm_hooks
 
     def hooks() -> dict[str, Callable]:
         return {

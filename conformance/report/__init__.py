@@ -11,9 +11,9 @@ from conformance.report.html import write_html
 from conformance.report.json_report import build_report, write_json
 
 
-def write_reports(report_dir: str, results: list[dict], *, adapters: list[str], config=None) -> dict[str, str]:
+def write_reports(report_dir: str, results: list[dict], *, adapters: list[str], config=None, profile: str | None = None) -> dict[str, str]:
     os.makedirs(report_dir, exist_ok=True)
-    report = build_report(results, adapters=adapters, config=config)
+    report = build_report(results, adapters=adapters, config=config, profile=profile)
     paths = {
         "json": write_json(os.path.join(report_dir, "gradparity.json"), report),
         "html": write_html(os.path.join(report_dir, "gradparity.html"), report),

@@ -22,7 +22,7 @@ def _adapter_info(spec: str) -> dict:
         return {"spec": spec, "name": spec, "version": "unknown", "error": str(exc)}
 
 
-def build_report(results: list[dict], *, adapters: list[str], config=None) -> dict:
+def build_report(results: list[dict], *, adapters: list[str], config=None, profile: str | None = None) -> dict:
     import torch
 
     import conformance
@@ -42,7 +42,7 @@ def build_report(results: list[dict], *, adapters: list[str], config=None) -> di
             "cuda_available": torch.cuda.is_available(),
         },
         "run": {
-            "profile": option("profile", "quick"),
+            "profile": profile or option("profile", "quick"),
             "device": devices,
             "backends": backends,
             "world_sizes": sorted({r["world_size"] for r in results}),

@@ -72,20 +72,29 @@ def run(payload, ctx) -> dict:
     return record
 
 
+TASK = "conformance.runners.ddp:run"
+
+
 def check(scenario: Scenario, adapter_spec: str, session):
     """Coordinator side: run on a warm world, then judge every rank's record against the oracle."""
-    from conformance import baseline, contract
-    from conformance.compare import ConformanceError
     from conformance.harness.context import choose_topology
 
     topology = choose_topology(scenario.world_size, scenario.device)
     outcome = session.pools.get(topology).run(
-        "conformance.runners.ddp:run", (scenario, adapter_spec),
+        TASK, (scenario, adapter_spec),
         timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
     )
+    return judge(scenario, adapter_spec, outcome, where=topology.key())
+
+
+def judge(scenario: Scenario, adapter_spec: str, outcome, where: str = ""):
+    """Compare a finished task's per-rank records with the oracle (also used under torchrun)."""
+    from conformance import baseline, contract
+    from conformance.compare import ConformanceError
+
     if not outcome.ok:
         raise ConformanceError(
-            f"[{scenario.id}] adapter {adapter_spec}: the run failed on {topology.key()}\n"
+            f"[{scenario.id}] adapter {adapter_spec}: the run failed{' on ' + where if where else ''}\n"
             f"{outcome.render_failures()}\n  repro: {contract.repro_command(scenario, adapter_spec)}"
         )
     checked = contract.check_records(scenario, adapter_spec, baseline.compute(scenario), outcome.values)

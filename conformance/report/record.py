@@ -1,0 +1,36 @@
+"""One case's result as the reports store it (shared by the pytest plugin and torchrun)."""
+
+from __future__ import annotations
+
+from conformance.spec import Scenario
+
+CASE_SEPARATOR = "|"
+
+
+def case_id(adapter_spec: str, scenario: Scenario) -> str:
+    return f"{adapter_spec}{CASE_SEPARATOR}{scenario.id}"
+
+
+def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message: str, duration_s: float, checked=None) -> dict:
+    return {
+        "case": case_id(adapter_spec, scenario),
+        "adapter": adapter_spec,
+        "scenario": scenario.id,
+        "area": scenario.area,
+        "world_size": scenario.world_size,
+        "device": scenario.device,
+        "dtype": scenario.dtype,
+        "options": scenario.options.describe(),
+        "profiles": sorted(scenario.profiles),
+        "tolerance": scenario.tolerance.describe(),
+        "tolerance_reason": scenario.tolerance.reason,
+        "seed": scenario.seed,
+        "upstream": scenario.upstream,
+        "description": scenario.description,
+        "verdict": verdict,
+        "message": message,
+        "duration_s": round(duration_s, 4),
+        "comparisons": getattr(checked, "comparisons", None),
+        "accepted_error": getattr(checked, "accepted_error", None),
+        "details": getattr(checked, "details", None) or {},
+    }
