@@ -49,7 +49,7 @@ def _import(ref: str, what: str):
         raise AdapterError(f"module {module_name!r} has no attribute {attr!r} (from {what} {ref!r})") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(spec: str):
     """Build the adapter named by `spec` (cached per process)."""
     if spec.startswith(DDP_CLASS_PREFIX):

@@ -21,7 +21,7 @@ AREAS: dict[str, tuple[str, str]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def all_scenarios() -> tuple[Scenario, ...]:
     out: list[Scenario] = []
     for factory, _ in AREAS.values():
