@@ -273,12 +273,14 @@ def print_table(doc: dict, console=None) -> None:
 
     console = console or Console()
     table = Table(title=f"mutant zoo: detection table (profile {doc['profile']})", show_lines=True)
-    for col in ("mutant", "bug", "verdict", "caught by"):
-        table.add_column(col, overflow="fold")
+    for col, ratio in (("mutant", 2), ("bug", 3), ("verdict", 1), ("caught by", 6)):
+        table.add_column(col, overflow="fold", ratio=ratio)
     for row in doc["table"]:
-        caught = "\n".join(f"{_short(s)} ({row['how'][s]})" for s in row["caught_by"])
-        if row["failed_not_fired"]:
-            caught += f"\n[dim]failed, not fired: {', '.join(map(_short, row['failed_not_fired']))}[/]"
+        caught = ", ".join(_short(s) + ("" if row["how"][s].startswith("wrong") else f" ({row['how'][s]})")
+                           for s in row["caught_by"])
+        for key, label in (("failed_not_fired", "failed, not fired (not counted)"), ("fired_but_passed", "fired, passed")):
+            if row[key]:
+                caught += f"\n[dim]{label}: {', '.join(map(_short, row[key]))}[/]"
         verdict = "[green]caught[/]" if row["caught_by"] else "[bold red]ESCAPED[/]"
         table.add_row(row["mutant"], row["bug"], verdict, caught or "—")
     console.print(table)
