@@ -69,22 +69,31 @@ def _inputs(rank):
              for _ in range(WORLD_SIZE)] for i in range(N_TENSORS)]
 
 
-def _time(bucketer, group, inputs, reps, use_teardown=True):
-    """Median over ``reps`` of the slowest rank's time for one round of all inputs."""
-    times, outputs = [], []
-    for _ in range(reps + 1):  # the first round warms up (allocations, connections)
-        outputs.clear()
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        for chunks in inputs:
-            bucketer.reduce_scatter_async(chunks, group, outputs.append)
-        bucketer.flush()
-        if use_teardown:
-            bucketer.teardown()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-        times.append(elapsed.item())
-    return statistics.median(times[1:]), [o.clone() for o in outputs]
+def _round(bucketer, group, inputs):
+    """One round of all inputs; returns (slowest rank's seconds, results)."""
+    outputs = []
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for chunks in inputs:
+        bucketer.reduce_scatter_async(chunks, group, outputs.append)
+    bucketer.flush()
+    bucketer.teardown()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+    return elapsed.item(), outputs
+
+
+def _time_interleaved(bucketers, group, inputs, reps):
+    """Median seconds per implementation. Rounds alternate between implementations so that
+    load from other processes on the machine hits all of them alike; round 0 warms up."""
+    times = {name: [] for name in bucketers}
+    outputs = {}
+    for rep in range(reps + 1):
+        for name, bucketer in bucketers.items():
+            elapsed, outputs[name] = _round(bucketer, group, inputs)
+            if rep:
+                times[name].append(elapsed)
+    return {name: statistics.median(t) for name, t in times.items()}, outputs
 
 
 def _rank(rank, port, out_dir, reps):
@@ -101,27 +110,27 @@ def _rank(rank, port, out_dir, reps):
     want = [sum(_inputs(r)[i][rank] for r in range(WORLD_SIZE)) for i in range(N_TENSORS)]
     rows = {}
 
-    unb = ReduceScatterBucketer(bucket_cap_mb=0)
-    t_unb, out = _time(unb, group, inputs, reps)
-    rows["unbucketed"] = {"median_s": t_unb, "collectives_per_round": unb.num_collectives
-                          // (reps + 1), "exact": all(map(torch.equal, out, want)),
-                          "bytes_after_teardown": unb.memory_bytes()}
-    ref = ReduceScatterBucketer(bucket_cap_mb=25)
-    t_ref, out = _time(ref, group, inputs, reps)
-    rows["refimpl"] = {"median_s": t_ref, "collectives_per_round": ref.num_collectives
-                       // (reps + 1), "exact": all(map(torch.equal, out, want)),
-                       "bytes_after_teardown": ref.memory_bytes()}
-
+    bucketers = {"unbucketed": ReduceScatterBucketer(bucket_cap_mb=0),
+                 "refimpl": ReduceScatterBucketer(bucket_cap_mb=25)}
     fs_cls, fs_version, fs_error = _import_fairscale()
     if fs_cls is not None:
-        try:
-            fs = fs_cls(bucket_cap_mb=25)
-            t_fs, out = _time(fs, group, inputs, reps)
-            rows["fairscale"] = {"median_s": t_fs, "collectives_per_round": None,
-                                 "exact": all(map(torch.equal, out, want)),
-                                 "bytes_after_teardown": _fairscale_bytes(fs)}
-        except Exception as e:  # noqa: BLE001
-            fs_error = f"{type(e).__name__}: {e}"
+        bucketers["fairscale"] = fs_cls(bucket_cap_mb=25)
+    try:
+        medians, outputs = _time_interleaved(bucketers, group, inputs, reps)
+    except Exception as e:  # noqa: BLE001 - FairScale failing on this torch/gloo is a result
+        if "fairscale" not in bucketers:
+            raise
+        fs_error = f"{type(e).__name__}: {e}"
+        del bucketers["fairscale"]
+        medians, outputs = _time_interleaved(bucketers, group, inputs, reps)
+    for name, bucketer in bucketers.items():
+        own = isinstance(bucketer, ReduceScatterBucketer)
+        rows[name] = {
+            "median_s": medians[name],
+            "collectives_per_round": bucketer.num_collectives // (reps + 1) if own else None,
+            "exact": all(map(torch.equal, outputs[name], want)),
+            "bytes_after_teardown": bucketer.memory_bytes() if own else _fairscale_bytes(bucketer),
+        }
     if rank == 0:
         with open(os.path.join(out_dir, "result.json"), "w") as f:
             json.dump({"rows": rows, "fairscale_version": fs_version,

@@ -37,7 +37,9 @@ others wait until the process-group timeout: every rank must backward through at
 parameter (the same requirement as DDP).
 
 Collectives (public names): ``broadcast``, ``all_reduce``, the bucketer's reduce-scatter and
-``all_gather_single`` (torch >= 2.10; ``all_gather_into_tensor`` before).
+``all_gather_single`` (torch >= 2.10; ``all_gather_into_tensor`` before). End of backward is
+detected with ``torch.autograd.Variable._execution_engine.queue_callback`` — torch has no
+public "backward finished" hook; FSDP and DDP-style wrappers rely on the same call.
 """
 
 from __future__ import annotations
