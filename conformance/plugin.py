@@ -195,7 +195,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     case = getattr(item, "callspec", None) and item.callspec.params.get("gp_case")
-    if not case or report.when not in ("call", "setup") or (report.when == "setup" and report.passed):
+    if not isinstance(case, tuple) or report.when not in ("call", "setup") or (report.when == "setup" and report.passed):
         return
     spec, scenario = case
     details = getattr(item, "_gp_checked", None)

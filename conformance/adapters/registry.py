@@ -17,10 +17,12 @@ DDP_CLASS_PREFIX = "ddp-class="
 BUILTINS: dict[str, str] = {
     "torch-ddp": "conformance.adapters.ddp_like:torch_ddp",
     "refimpl-ddp": "conformance.adapters.ddp_like:refimpl_ddp",
+    "refimpl-data-parallel": "conformance.adapters.data_parallel:refimpl_data_parallel",
+    "torch-data-parallel": "conformance.adapters.data_parallel:torch_data_parallel",
 }
 
 # What `gradparity run` tests when no --adapter is given.
-DEFAULT_ADAPTERS: tuple[str, ...] = ("torch-ddp", "refimpl-ddp")
+DEFAULT_ADAPTERS: tuple[str, ...] = tuple(BUILTINS)
 
 
 class AdapterError(ValueError):

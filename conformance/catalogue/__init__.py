@@ -18,6 +18,7 @@ PROFILES = ("quick", "standard", "full")
 # area -> (scenario factory, driver module)
 AREAS: dict[str, tuple[str, str]] = {
     "ddp": ("conformance.catalogue.ddp:scenarios", "conformance.runners.ddp"),
+    "data_parallel": ("conformance.catalogue.data_parallel:scenarios", "conformance.runners.data_parallel"),
 }
 
 

@@ -1,0 +1,135 @@
+"""Adapters of the `data_parallel` area: single-process data parallelism.
+
+The protocol is one call, `torch.nn.parallel.data_parallel`'s signature::
+
+    class DataParallelAdapter(Protocol):
+        name: str
+        version: str
+        area = "data_parallel"
+        capabilities: frozenset[Capability]
+        def data_parallel(self, module, inputs: tuple, devices: list, output_device, dim: int): ...
+        def unavailable(self, scenario) -> str | None: ...   # optional: skip with this reason
+
+`inputs` is the tuple of positional arguments; after the call and a backward through the
+returned output, the *original* module's `.grad`s must hold the full batch's gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from conformance.spec import Capability, Scenario
+
+
+class DataParallelAdapter(Protocol):
+    name: str
+    version: str
+    area: str
+    capabilities: frozenset[Capability]
+
+    def data_parallel(self, module: nn.Module, inputs: tuple, devices: list, output_device: Any, dim: int) -> Any: ...
+
+
+def devices_for(scenario: Scenario, distinct: bool = False) -> list:
+    """`world_size` replica devices: `["cpu"] * n` on CPU, GPUs (repeated if allowed) on CUDA."""
+    n = scenario.world_size
+    if scenario.device == "cpu":
+        return ["cpu"] * n
+    count = torch.cuda.device_count()
+    if distinct:
+        return list(range(n))
+    return [torch.device("cuda", i % max(count, 1)) for i in range(n)]
+
+
+class RefimplDataParallel:
+    name = "refimpl-data-parallel"
+    area = "data_parallel"
+    capabilities = frozenset({Capability.HALF_PRECISION, Capability.CUDA})
+
+    def __init__(self):
+        import refimpl
+
+        self.version = getattr(refimpl, "__version__", "0")
+
+    def data_parallel(self, module, inputs, devices, output_device, dim):
+        from refimpl.data_parallel import data_parallel
+
+        return data_parallel(module, inputs, devices=devices, output_device=output_device, dim=dim)
+
+    def devices(self, scenario: Scenario) -> list:
+        return devices_for(scenario)
+
+
+class TorchDataParallel:
+    """`torch.nn.parallel.data_parallel` (what `torch.nn.DataParallel` runs): CUDA only."""
+
+    name = "torch-data-parallel"
+    area = "data_parallel"
+    capabilities = frozenset({Capability.HALF_PRECISION, Capability.CUDA})
+    version = torch.__version__
+
+    def unavailable(self, scenario: Scenario) -> str | None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or scenario.device != "cuda":
+            if count == 0:
+                return "torch.nn.DataParallel needs CUDA devices (torch.cuda.device_count() == 0)"
+            return "torch.nn.DataParallel needs CUDA devices (run with --device cuda)"
+        if count < scenario.world_size:
+            return f"torch.nn.DataParallel needs one GPU per replica: {scenario.world_size} replicas, {count} GPUs"
+        return None
+
+    def data_parallel(self, module, inputs, devices, output_device, dim):
+        return torch.nn.parallel.data_parallel(module, inputs, device_ids=devices, output_device=output_device, dim=dim)
+
+    def devices(self, scenario: Scenario) -> list:
+        return devices_for(scenario, distinct=True)
+
+
+def refimpl_data_parallel() -> RefimplDataParallel:
+    return RefimplDataParallel()
+
+
+def torch_data_parallel() -> TorchDataParallel:
+    return TorchDataParallel()
+
+
+# -- known-bad implementations: the tests prove the checks catch them -------------------------
+class DropsLastReplica(RefimplDataParallel):
+    """Mutant: the last replica's contribution to the parameters' gradients is lost."""
+
+    name = "mutant-dp-drops-last-replica"
+
+    def data_parallel(self, module, inputs, devices, output_device, dim):
+        from refimpl.data_parallel import gather, parallel_apply, replicate, scatter
+
+        chunks = scatter(inputs, devices, dim)
+        replicas = replicate(module, devices[: len(chunks)])
+        if len(replicas) > 1:  # the last replica computes with detached copies of the weights
+            replicas[-1] = replicate(module, devices[:1], detach=True)[0]
+        outputs = parallel_apply(replicas, chunks, None, devices[: len(chunks)])
+        return gather(outputs, output_device, dim)
+
+
+class ScalesByReplicas(RefimplDataParallel):
+    """Mutant: averages the replicas' gradients (divides by the replica count) instead of summing."""
+
+    name = "mutant-dp-averages"
+
+    def data_parallel(self, module, inputs, devices, output_device, dim):
+        out = super().data_parallel(module, inputs, devices, output_device, dim)
+        n = len(devices)
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_hook(lambda g, n=n: g / n)  # one hook per call: enough for one backward
+        return out
+
+
+def mutant_drops_last_replica() -> DropsLastReplica:
+    return DropsLastReplica()
+
+
+def mutant_averages() -> ScalesByReplicas:
+    return ScalesByReplicas()

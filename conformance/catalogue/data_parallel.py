@@ -1,0 +1,100 @@
+"""The `data_parallel` scenario catalogue (single-process data parallelism, issue 5).
+
+`world_size` is the number of replicas; the full batch has `sum(shard_sizes)` rows (the
+split itself is the implementation's: refimpl splits 5 rows over 4 replicas 2,1,1,1, torch
+2,2,1). The oracle is one plain forward/backward of the same module on the full batch.
+
+Tolerance policy: `data_parallel` *sums* the replicas' gradients (no 1/W), so with integer
+weights and inputs and models made of linear maps, convolutions, ReLU and sums, every value
+in forward and backward is a small integer (or a dyadic multiple from the loss weights),
+every fp32 sum is exact whatever its order or split, and the scenario requires bitwise
+equality for any replica count (1, 2, 3 or 4: power-of-two counts are not needed since
+nothing is divided). Exact scenarios use no optimizer: their steps *accumulate* into `.grad`
+(a second data_parallel call adds to the first's gradients), which stays in integers; an
+optimizer step makes weights non-integer and products leave fp32's exact range, so
+scenarios with an optimizer get the tolerance. Models with softmax, LayerNorm or BatchNorm (eval: division by the
+running std) produce non-dyadic values; there a different split changes the order of the
+batch sums, so they get a tolerance scaled by the number of rows summed.
+"""
+
+from __future__ import annotations
+
+from conformance.spec import Scenario, Tolerance, float_tolerance
+from conformance.spec import Capability as C
+
+QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
+SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
+# Values outside fp32's exact-integer range (tied: five integer layers reach 1e8) or non-dyadic.
+EXACT_SUMS = Tolerance(True, reason="exact: small-integer data, so sums over replicas and rows are exact in any order")
+INEXACT_MODELS = {"transformer", "cnn-bn-eval", "tied"}
+
+
+def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards: tuple[int, ...] | None = None,
+         profiles: frozenset = QUICK, dtype: str = "float32", steps: int = 2, **fields) -> Scenario:
+    if shards is None:
+        batch = batch if batch is not None else 4 * w
+        base, extra = divmod(batch, w)
+        shards = tuple(base + (1 if r < extra else 0) for r in range(w))
+    rows = sum(shards)
+    optimizer = fields.pop("optimizer", "none")
+    exact = model not in INEXACT_MODELS and dtype in ("float32", "float64") and optimizer == "none"
+    if exact:
+        tolerance = EXACT_SUMS
+    else:
+        tolerance = float_tolerance(dtype, rows, f"{dtype}: batch sums over {rows} rows in another split")
+    requires = {C.HALF_PRECISION} if dtype in ("float16", "bfloat16") else set()
+    return Scenario(
+        id=f"data_parallel/{name}/{model}/r{w}/{SHORT[dtype]}",
+        area="data_parallel",
+        model=model,
+        dtype=dtype,
+        world_size=w,
+        shard_sizes=shards,
+        steps=steps,
+        optimizer=optimizer,
+        tolerance=fields.pop("tolerance", tolerance),
+        exact_data=fields.pop("exact_data", exact or dtype in ("float16", "bfloat16")),
+        requires=frozenset(requires),
+        buffer_rule="unchanged",
+        profiles=profiles,
+        **fields,
+    )
+
+
+def scenarios() -> list[Scenario]:
+    out = [
+        make("plain", "mlp", w=1),
+        make("plain", "mlp", w=2),
+        make("plain", "mlp", w=3, profiles=STANDARD),
+        make("plain", "mlp", w=4, profiles=STANDARD),
+        make("uneven", "mlp", w=4, batch=5, description="5 rows over 4 replicas"),
+        make("uneven", "mlp", w=3, batch=7, profiles=STANDARD, description="7 rows over 3 replicas"),
+        make("fewer-rows", "mlp", w=4, batch=3, profiles=STANDARD,
+             description="3 rows over 4 replicas: some replicas get no rows (or do not run)"),
+        make("one-row", "mlp", w=2, batch=1, profiles=STANDARD, description="a single row"),
+        make("dict", "dict-in", w=2, description="dict input with a non-tensor entry"),
+        make("dict", "dict-in", w=3, batch=7, profiles=STANDARD),
+        make("tuple", "tuple-in", w=2, description="tuple input, tuple output"),
+        make("tuple", "tuple-in", w=4, batch=6, profiles=STANDARD),
+        make("multi-arg", "multi-arg", w=2, profiles=STANDARD, description="two inputs, nested dict output"),
+        make("multi-arg", "multi-arg", w=3, batch=5, profiles=STANDARD),
+        make("dim1", "batch-dim1", w=2, profiles=STANDARD, description="scatter/gather along dim 1"),
+        make("bn-eval", "cnn-bn-eval", w=2, exact_data=False, description="BatchNorm in eval mode: running stats"),
+        make("bn-eval", "cnn-bn-eval", w=4, batch=6, exact_data=False, profiles=STANDARD),
+        make("tied", "tied", w=2, profiles=STANDARD, description="tied weights: both uses reduce into one grad"),
+        make("tied", "tied", w=3, batch=5, profiles=FULL),
+        make("frozen", "frozen", w=2, profiles=STANDARD, description="frozen layer keeps grad None"),
+        make("embedding", "embedding", w=2, profiles=STANDARD),
+        make("transformer", "transformer", w=2, exact_data=False, profiles=STANDARD),
+        make("transformer", "transformer", w=3, batch=5, exact_data=False, profiles=FULL),
+        make("many-tiny", "many-tiny", w=2, profiles=FULL),
+        make("mixed-dtype", "mixed-dtype", w=2, profiles=FULL),
+        make("fp64", "mlp", w=3, dtype="float64", profiles=STANDARD),
+        make("sgd", "mlp", w=2, optimizer="sgd", steps=3, exact_data=True, profiles=STANDARD,
+             description="SGD steps between data_parallel calls (tolerance: weights leave the integers)"),
+        make("adam", "mlp", w=2, optimizer="adam", steps=3, exact_data=True, profiles=FULL),
+    ]
+    for model in ("mlp", "dict-in", "tuple-in", "multi-arg"):
+        for w in (1, 2, 3, 4):
+            out.append(make("sweep", model, w=w, batch=2 * w + 1, steps=3, profiles=FULL))
+    return out
