@@ -19,6 +19,8 @@ BUILTINS: dict[str, str] = {
     "refimpl-ddp": "conformance.adapters.ddp_like:refimpl_ddp",
     "refimpl-data-parallel": "conformance.adapters.data_parallel:refimpl_data_parallel",
     "torch-data-parallel": "conformance.adapters.data_parallel:torch_data_parallel",
+    "refimpl-dist-autograd": "conformance.adapters.dist_autograd:refimpl_dist_autograd",
+    "torch-dist-autograd": "conformance.adapters.dist_autograd:torch_dist_autograd",
 }
 
 # What `gradparity run` tests when no --adapter is given.

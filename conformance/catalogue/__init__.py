@@ -19,6 +19,7 @@ PROFILES = ("quick", "standard", "full")
 AREAS: dict[str, tuple[str, str]] = {
     "ddp": ("conformance.catalogue.ddp:scenarios", "conformance.runners.ddp"),
     "data_parallel": ("conformance.catalogue.data_parallel:scenarios", "conformance.runners.data_parallel"),
+    "dist_autograd": ("conformance.catalogue.dist_autograd:scenarios", "conformance.runners.dist_autograd"),
 }
 
 

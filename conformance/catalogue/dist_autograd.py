@@ -1,0 +1,61 @@
+"""The `dist_autograd` scenario catalogue (distributed autograd over RPC, issue 7).
+
+`model` names a composition in `conformance.runners.dist_autograd_fns.COMPOSITIONS`; the
+world size is the number of RPC workers (2 or 3). Data are float64 uniform in [-1, 1].
+
+Tolerance: local autograd accumulates a tensor's gradient contributions (a tensor sent twice,
+fan-out, several roots, a round trip) in its own order; a distributed engine sums them in the
+order messages arrive, so results may differ by rounding: float64 with a band scaled for a
+handful of summands. A lost or duplicated contribution is off by O(1), far outside it.
+"""
+
+from __future__ import annotations
+
+from conformance.spec import Scenario, float_tolerance
+
+QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
+TOL = float_tolerance("float64", 8, "float64: gradient contributions accumulated in another order than local autograd")
+
+
+def make(kind: str, w: int, profiles: frozenset = QUICK, description: str = "", **fields) -> Scenario:
+    return Scenario(
+        id=f"dist_autograd/{kind}/w{w}/fp64",
+        area="dist_autograd",
+        model=kind,
+        dtype="float64",
+        world_size=w,
+        steps=1,
+        optimizer="none",
+        tolerance=TOL,
+        exact_data=False,
+        buffer_rule="none",
+        profiles=profiles,
+        timeout_s=fields.pop("timeout_s", 30.0),
+        description=description,
+        **fields,
+    )
+
+
+def scenarios() -> list[Scenario]:
+    return [
+        make("simple", 2, description="one rpc_sync to worker1; the loss on worker0"),
+        make("chain", 3, description="A -> B -> C, parameters on B and C"),
+        make("fan-out", 3, description="one tensor to two workers"),
+        make("sent-twice", 3, STANDARD, description="one tensor sent twice to worker1 and once to worker2"),
+        make("round-trip", 2, description="A -> B -> A, a parameter on A used by the return trip"),
+        make("multi-roots", 3, STANDARD, description="four roots in one backward"),
+        make("unused-leaf", 2, STANDARD, description="a leaf requiring grad used nowhere: absent"),
+        make("unused-arg", 2, STANDARD, timeout_s=15.0,
+             description="a sent tensor the callee ignores: absent, and the pass completes"),
+        make("unused-result", 2, FULL, timeout_s=15.0,
+             description="a remote result the loss never uses (a send function with no gradient)"),
+        make("structures", 2, STANDARD, description="tensors in nested tuples/lists/dicts, both ways"),
+        make("remote-params", 3, STANDARD, description="parameters owned by worker1 and worker2"),
+        make("async", 3, FULL, description="two rpc_async calls in flight at once"),
+        make("retain-graph", 3, STANDARD, description="3 passes with retain_graph then one without: 4x"),
+        make("remote-error", 3, description="worker2's backward raises: 'Error on Node 2' on the caller, "
+             "no context left anywhere, and the next backward works"),
+        make("simple", 3, FULL),
+        make("round-trip", 3, FULL),
+        make("fan-out", 3, FULL, seed=1).with_(id="dist_autograd/fan-out/w3/fp64/seed1"),
+    ]

@@ -1,0 +1,225 @@
+"""The `dist_autograd` area's driver: distributed autograd over RPC on the warm rank pools.
+
+Rank side (`run`): every rank starts RPC once (`ctx.ensure_rpc()`, workers `worker<rank>`);
+ranks other than 0 return at once and their RPC threads keep serving. Rank 0 opens a context,
+runs the scenario's composition (`dist_autograd_fns.COMPOSITIONS[scenario.model]`) through the
+adapter, runs the backward pass(es) and records, after every pass, the gradients of the
+context on *every* worker (by name: `x@worker0` for worker 0's leaves, `w2@worker2` for a
+parameter owned by worker 2; tensors in a context that are none of these are recorded as
+unnamed). After the context exits it polls every worker's debug info until no context and no
+backward pass is left (cleanup may be asynchronous). Nothing is judged on the ranks; any
+exception is recorded, so the pool stays healthy.
+
+Coordinator side (`check`): the oracle is plain local autograd over the same composition
+(`mode="local"`: every call a Python call, one process), `torch.autograd.grad` from the roots;
+after the k-th of k retained passes it is k times that. The record is compared pass by pass.
+The `remote-error` scenario instead requires the backward to raise on the caller with
+"Error on Node 2" (the worker whose backward failed; torch prefixes one "Error on Node N: " per
+hop back, so the innermost one counts) and the original message, no context left
+behind anywhere, and a following backward in a new context to be right.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import traceback
+
+import torch
+
+from conformance.compare import ConformanceError, Mismatch, compare_dicts, failure_message
+from conformance.contract import Checked, repro_command
+from conformance.runners import dist_autograd_fns as fns
+from conformance.spec import Scenario
+
+CLEANUP_WAIT_S = 10.0
+ERROR_NODE = 2  # remote-error: worker2's backward raises
+ERROR_TEXT = "Simulate error on backward pass"
+
+
+def _owner(param_name: str) -> int:
+    return int(param_name[-1])
+
+
+# -- on the workers ------------------------------------------------------------------------------
+def _named_grads(adapter, mode: str, seed: int, context_id: int, rank: int, local_leaves: dict) -> dict:
+    """This worker's gradients in `context_id`, by name; a worker without the context has none."""
+    try:
+        grads = adapter.get_gradients(context_id)
+    except Exception as exc:  # noqa: BLE001 - no context here: nothing reached this worker
+        if re.search(r"(?i)context", str(exc)):
+            return {}
+        raise
+    names = {id(t): f"{n}@worker{rank}" for n, t in local_leaves.items()}
+    names.update({id(t): f"{n}@worker{rank}" for n, t in fns.owned_params(mode, seed).items()})
+    out, unnamed = {}, 0
+    for t, g in grads.items():
+        name = names.get(id(t))
+        if name is None:
+            name = f"<unnamed tensor {unnamed} of shape {tuple(t.shape)}>@worker{rank}"
+            unnamed += 1
+        out[name] = g.detach().to("cpu", copy=True)
+    return out
+
+
+def fetch_grads(mode: str, seed: int, context_id: int) -> dict:
+    from torch.distributed import rpc
+
+    adapter = fns.adapter_for(mode)
+    return _named_grads(adapter, mode, seed, context_id, rpc.get_worker_info().id, {})
+
+
+def fetch_debug_info(mode: str) -> dict:
+    return dict(fns.adapter_for(mode).debug_info())
+
+
+def _all_grads(adapter, mode, seed, context_id, leaves, world_size) -> dict:
+    from torch.distributed import rpc
+
+    out = _named_grads(adapter, mode, seed, context_id, 0, leaves)
+    for k in range(1, world_size):
+        out.update(rpc.rpc_sync(f"worker{k}", fetch_grads, args=(mode, seed, context_id)))
+    return out
+
+
+def _wait_clean(mode: str, world_size: int) -> dict:
+    """Every worker's debug info once no context and no pass is left (or at the deadline)."""
+    from torch.distributed import rpc
+
+    deadline = time.monotonic() + CLEANUP_WAIT_S
+    while True:
+        infos = {k: rpc.rpc_sync(f"worker{k}", fetch_debug_info, args=(mode,)) for k in range(world_size)}
+        left = {k: i for k, i in infos.items()
+                if int(i.get("num_autograd_contexts", 0)) or int(i.get("num_current_backward_passes", 0))}
+        if not left or time.monotonic() > deadline:
+            return {"clean": not left, "left": left}
+        time.sleep(0.05)
+
+
+def _one_context(adapter, mode, scenario: Scenario, kind: str, passes: int) -> dict:
+    seed = scenario.seed
+    leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
+    rec = {"passes": [], "error": None, "dot_grad": []}
+    with adapter.context() as context_id:
+        roots = fns.COMPOSITIONS[kind](mode, seed, leaves)
+        for i in range(passes):
+            try:
+                adapter.backward(context_id, roots, retain_graph=i < passes - 1)
+            except Exception as exc:  # noqa: BLE001 - judged by the coordinator
+                rec["error"] = f"{type(exc).__name__}: {exc}"
+                break
+            rec["passes"].append(_all_grads(adapter, mode, seed, context_id, leaves, scenario.world_size))
+    rec["dot_grad"] = [n for n, t in leaves.items() if t.grad is not None]
+    rec["cleanup"] = _wait_clean(mode, scenario.world_size)
+    return rec
+
+
+def run(payload, ctx) -> dict:
+    scenario, mode = payload
+    ctx.ensure_rpc()
+    if ctx.rank != 0:
+        return {"rank": ctx.rank}
+    record: dict = {"rank": 0, "crash": None}
+    try:
+        adapter = fns.adapter_for(mode)
+        kind = scenario.model
+        passes = 4 if kind == "retain-graph" else 1
+        t0 = time.perf_counter()
+        record["main"] = _one_context(adapter, mode, scenario, kind, passes)
+        if kind == "remote-error":
+            record["after"] = _one_context(adapter, mode, scenario, "simple", 1)
+        record["seconds"] = time.perf_counter() - t0
+    except Exception:  # noqa: BLE001 - report, keep the pool healthy
+        record["crash"] = traceback.format_exc()
+    return record
+
+
+# -- the coordinator -----------------------------------------------------------------------------
+def oracle(scenario: Scenario, kind: str) -> dict:
+    """Local autograd over the same composition: {name: grad or None} (None: unused)."""
+    seed = scenario.seed
+    leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
+    fns.reset_params("local")
+    roots = fns.COMPOSITIONS[kind]("local", seed, leaves)
+    params = fns.owned_params("local", seed)
+    named = {f"{n}@worker0": t for n, t in leaves.items()}
+    named.update({f"{n}@worker{_owner(n)}": t for n, t in params.items()})
+    grads = torch.autograd.grad(roots, list(named.values()), allow_unused=True)
+    return {n: (None if g is None else g.detach().clone()) for n, g in zip(named, grads, strict=True)}
+
+
+def _compare_passes(scenario, adapter_spec, kind, rec, expected_once, repro, label="") -> int:
+    tol = scenario.tolerance
+    count = 0
+    for i, actual in enumerate(rec["passes"]):
+        expected = {n: (None if g is None else g * (i + 1)) for n, g in expected_once.items()}
+        full_actual = {n: actual.get(n) for n in expected}
+        full_actual.update({n: g for n, g in actual.items() if n not in expected})
+        bad = compare_dicts(expected, full_actual, tol)
+        count += 1
+        if bad:
+            what = f"gradients in the context differ from local autograd over the same composition{label}"
+            if i:
+                what += f" (pass {i + 1} with retain_graph: gradients must accumulate to {i + 1}x)"
+            raise ConformanceError(failure_message(
+                scenario_id=scenario.id, adapter=adapter_spec, rank=0, where=f"backward pass {i + 1}{label}",
+                what=what, mismatches=bad, tol=tol, repro=repro,
+            ))
+    if rec["dot_grad"]:
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec}: distributed backward wrote .grad of {rec['dot_grad']} "
+            f"(gradients belong in the context only)\n  repro: {repro}")
+    if not rec["cleanup"]["clean"]:
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec}: {CLEANUP_WAIT_S:g} s after the context exited{label}, "
+            f"workers still hold contexts or passes: {rec['cleanup']['left']}\n  repro: {repro}")
+    return count + 2
+
+
+def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
+    from conformance.harness.context import choose_topology
+
+    repro = repro_command(scenario, adapter_spec)
+    topology = choose_topology(scenario.world_size, "cpu")  # RPC tensors stay on CPU
+    outcome = session.pools.get(topology).run(
+        "conformance.runners.dist_autograd:run", (scenario, adapter_spec),
+        timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
+    )
+    if not outcome.ok:
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec}: the run failed on {topology.key()}\n"
+            f"{outcome.render_failures()}\n  repro: {repro}")
+    rec = outcome.values[0]
+    if rec.get("crash"):
+        raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: rank 0 raised\n{rec['crash']}  repro: {repro}")
+    kind = scenario.model
+    main = rec["main"]
+    if kind == "remote-error":
+        message = main["error"]
+        if message is None:
+            raise ConformanceError(
+                f"[{scenario.id}] adapter {adapter_spec}: the backward should have raised on the caller "
+                f"(worker{ERROR_NODE}'s backward fails) but returned normally\n  repro: {repro}")
+        # refimpl: "Error on Node 2: <message>"; torch wraps once per hop on the way back:
+        # "Error on Node 0: Error on Node 1: Error on Node 2: <message>". Both are accepted: the
+        # innermost node named must be the failing worker, and the original message must follow.
+        nodes = [int(n) for n in re.findall(r"Error on Node (\d+)", message)]
+        if not nodes or nodes[-1] != ERROR_NODE or ERROR_TEXT not in message.rsplit("Error on Node", 1)[-1]:
+            raise ConformanceError(
+                f"[{scenario.id}] adapter {adapter_spec}: the error on the caller must name the failing worker "
+                f"as 'Error on Node {ERROR_NODE}' and carry the original message {ERROR_TEXT!r}; got: {message[:500]}"
+                f"\n  repro: {repro}")
+        count = _compare_passes(scenario, adapter_spec, kind, main, {}, repro, " (failed pass)")
+        count += _compare_passes(scenario, adapter_spec, "simple", rec["after"], oracle(scenario, "simple"), repro,
+                                 " (next context, after the failed pass)")
+        return Checked(count, accepted_error=message.splitlines()[0][:200], details={"seconds": rec.get("seconds")})
+    if main["error"]:
+        raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: backward raised {main['error'][:2000]}\n  repro: {repro}")
+    passes = 4 if kind == "retain-graph" else 1
+    if len(main["passes"]) != passes:
+        raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: {len(main['passes'])} of {passes} passes recorded")
+    count = _compare_passes(scenario, adapter_spec, kind, main, oracle(scenario, kind), repro)
+    return Checked(count, details={"seconds": rec.get("seconds"), "outcome_seconds": outcome.seconds})
+
+
+__all__ = ["Mismatch", "check", "fetch_debug_info", "fetch_grads", "oracle", "run"]

@@ -1,0 +1,214 @@
+"""Compositions of the `dist_autograd` area and the functions they run on other workers.
+
+A composition is `comp(mode, leaves) -> list of roots`. `mode` is either "local" (the oracle:
+every call is a plain Python call in one process, plain autograd) or an adapter spec (each call
+is that adapter's RPC). Functions that run on another worker and call further take `mode`
+first, so the nested hop uses the same implementation. Workers may own *parameters*
+(`param(mode, seed, name)`): one tensor per (mode, seed, name) per process, created on first use
+from the name, so the worker that runs the function owning it holds it, exactly like a
+parameter server; the oracle keeps its own copies. Everything here is module-level so RPC can
+pickle it by reference.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+
+import torch
+
+_PARAMS: dict[tuple[str, int, str], torch.Tensor] = {}
+_PARAMS_LOCK = threading.Lock()
+SHAPE = (4, 4)
+DTYPE = torch.float64
+
+
+def adapter_for(mode: str):
+    from conformance.adapters import registry
+
+    return registry.load(mode)
+
+
+def call(mode: str, to: str, fn, args: tuple):
+    if mode == "local":
+        return fn(*args)
+    return adapter_for(mode).rpc_sync(to, fn, args)
+
+
+def call_async(mode: str, to: str, fn, args: tuple):
+    """A future-like object with .wait()."""
+    if mode == "local":
+        value = fn(*args)
+        fut = torch.futures.Future()
+        fut.set_result(value)
+        return fut
+    return adapter_for(mode).rpc_async(to, fn, args)
+
+
+def _tensor(seed: int, name: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return (torch.rand(SHAPE, generator=gen, dtype=DTYPE) * 2 - 1).requires_grad_()
+
+
+def param(mode: str, seed: int, name: str) -> torch.Tensor:
+    with _PARAMS_LOCK:
+        key = (mode, seed, name)
+        if key not in _PARAMS:
+            _PARAMS[key] = _tensor(seed, name)
+        return _PARAMS[key]
+
+
+def owned_params(mode: str, seed: int) -> dict[str, torch.Tensor]:
+    with _PARAMS_LOCK:
+        return {name: t for (m, s, name), t in _PARAMS.items() if m == mode and s == seed}
+
+
+def reset_params(mode: str) -> None:
+    with _PARAMS_LOCK:
+        for key in [k for k in _PARAMS if k[0] == mode]:
+            del _PARAMS[key]
+
+
+def leaves(seed: int, names=("x", "w")) -> dict[str, torch.Tensor]:
+    return {n: _tensor(seed, n) for n in names}
+
+
+# -- functions run on other workers ------------------------------------------------------------
+def ignore_second(x, y):
+    return x * 3
+
+
+def scale_by_param(mode, seed, h, name):
+    """On the worker owning `name`: tanh(h * p)."""
+    return torch.tanh(h * param(mode, seed, name))
+
+
+def hop_to_2(mode, seed, x):
+    """On worker1: compute with b1, call worker2 (which uses w2), compute again: chain 0 -> 1 -> 2."""
+    h = x * 2 + param(mode, seed, "b1")
+    z = call(mode, "worker2", scale_by_param, (mode, seed, h, "w2"))
+    return z.sin() + h
+
+
+def back_to_0(mode, seed, x, w):
+    """On worker1: call back into worker0, which uses its own parameter p0: round trip 0 -> 1 -> 0."""
+    y = x.exp() * w
+    z = call(mode, "worker0", scale_by_param, (mode, seed, y, "p0"))
+    return z * y + y
+
+
+def nested_structures(pair, items, named):
+    a, b = pair
+    return {"prod": (a * b, [a + items[0]]), "cos": named["t"].cos(), "n": 3}
+
+
+class SimulateBackwardError(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("Simulate error on backward pass")
+
+
+def fail_in_backward(x):
+    return SimulateBackwardError.apply(x * 2)
+
+
+def fail_deeper(mode, x):
+    """On worker1: forward to worker2, whose backward will fail."""
+    return call(mode, "worker2", fail_in_backward, (x + 1,)) * 2
+
+
+# -- compositions: comp(mode, seed, leaves) -> roots --------------------------------------------
+def simple(mode, seed, L):
+    return [call(mode, "worker1", torch.mul, (L["x"], L["w"])).sum()]
+
+
+def chain(mode, seed, L):
+    y = call(mode, "worker1", hop_to_2, (mode, seed, L["x"] * L["w"]))
+    return [(y * L["w"]).sum()]
+
+
+def fan_out(mode, seed, L):
+    h = L["x"] * L["w"]
+    a = call(mode, "worker1", torch.tanh, (h,))
+    b = call(mode, "worker2", torch.sigmoid, (h,))
+    return [(a * b).sum() + h.sum()]
+
+
+def sent_twice(mode, seed, L):
+    x, w = L["x"], L["w"]
+    a = call(mode, "worker1", torch.mul, (x, w))
+    b = call(mode, "worker1", torch.add, (x, a))
+    c = call(mode, "worker2", torch.mul, (x, x))
+    return [(a + b * c).sum()]
+
+
+def round_trip(mode, seed, L):
+    y = call(mode, "worker1", back_to_0, (mode, seed, L["x"], L["w"]))
+    return [(y * L["x"]).sum()]
+
+
+def multi_roots(mode, seed, L):
+    x, w = L["x"], L["w"]
+    return [
+        call(mode, "worker1", torch.add, (x, w)).sum(),
+        call(mode, "worker2", torch.mul, (x, w)).sum(),
+        call(mode, "worker1", torch.cos, (x,)).sum(),
+        (x * w).sum(),
+    ]
+
+
+def unused_arg(mode, seed, L):
+    """w is sent but the callee ignores it: w's gradient is absent (not zero)."""
+    return [call(mode, "worker1", ignore_second, (L["x"], L["w"])).sum()]
+
+
+def unused_result(mode, seed, L):
+    """A remote result that the loss never uses (a send function that gets no gradient)."""
+    call(mode, "worker1", torch.add, (L["x"], L["w"]))
+    return [call(mode, "worker1", torch.mul, (L["x"], L["w"])).sum()]
+
+
+def unused_leaf(mode, seed, L):
+    """u requires grad but takes part in nothing: absent from the context."""
+    return [call(mode, "worker1", torch.mul, (L["x"], L["w"])).sum()]
+
+
+def structures(mode, seed, L):
+    x, w = L["x"], L["w"]
+    out = call(mode, "worker1", nested_structures, ((x, w), [x * 2], {"t": w}))
+    assert out["n"] == 3
+    prod, (s,) = out["prod"]
+    return [(prod * s).sum() + out["cos"].sum()]
+
+
+def remote_params(mode, seed, L):
+    """Parameters on worker1 and worker2 (a parameter server): their grads live in those contexts."""
+    h = call(mode, "worker1", scale_by_param, (mode, seed, L["x"], "w1"))
+    z = call(mode, "worker2", scale_by_param, (mode, seed, h, "w2"))
+    return [(z * L["w"]).sum()]
+
+
+def async_calls(mode, seed, L):
+    """rpc_async to two workers at once, both futures waited on."""
+    f1 = call_async(mode, "worker1", torch.matmul, (L["x"], L["w"]))
+    f2 = call_async(mode, "worker2", torch.mul, (L["x"], L["x"]))
+    return [(f1.wait() * f2.wait()).sum()]
+
+
+def remote_error(mode, seed, L):
+    """The backward fails on worker2 (reached through worker1)."""
+    return [call(mode, "worker1", fail_deeper, (mode, L["x"])).sum()]
+
+
+COMPOSITIONS = {
+    "simple": simple, "chain": chain, "fan-out": fan_out, "sent-twice": sent_twice,
+    "round-trip": round_trip, "multi-roots": multi_roots, "unused-arg": unused_arg,
+    "unused-result": unused_result, "unused-leaf": unused_leaf, "structures": structures,
+    "remote-params": remote_params, "async": async_calls, "retain-graph": chain,
+    "remote-error": remote_error,
+}
+LEAVES = {"unused-leaf": ("x", "w", "u")}
