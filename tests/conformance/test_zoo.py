@@ -1,0 +1,133 @@
+"""Meta-test of the suite's power: every mutant of the zoo is caught, the controls pass.
+
+The slow test runs `gradparity zoo` on the quick profile (the cheapest profile that catches
+every mutant) once; the fast tests pin the counting rules of `conformance.zoo.judge` on
+hand-built results, without processes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from conformance import zoo
+from conformance.adapters import registry
+from conformance.fixtures import mutants
+from conformance.fixtures.mutants.base import BucketedDDP
+
+# The scenarios that must be among each mutant's catchers on the quick profile: the one a
+# reader would name for the bug. (Others catch several mutants too; they are not pinned.)
+EXPECTED_CATCHER = {
+    "no-divide": "ddp/plain/mlp/w2/fp32",
+    "last-bucket-unreduced": "ddp/plain/mlp/w2/fp32",
+    "no-init-broadcast": "ddp/plain/mlp/w2/fp32",
+    "skip-unused": "ddp/unused-on-rank1/branches/w2/fp32",
+    "no-sync-drops-accumulated": "ddp/no-sync/mlp/w2/fp32",
+    "swapped-buckets": "ddp/bucket-tiny/many-tiny/w2/fp32",
+    "fp16-communication": "ddp/plain/mlp/w2/fp32",
+    "no-buffer-broadcast": "ddp/buffers/buffered/w2/fp32",
+    "tied-first-use": "ddp/tied/tied/w2/fp32",
+    "sparse-not-reduced": "ddp/sparse/embedding/w2/fp32",
+    "batch-weighted": "ddp/uneven/mlp/w2/fp32",
+    "stale-gradient": "ddp/plain/mlp/w2/fp32",
+}
+
+
+def test_registry_is_complete_and_loadable():
+    assert set(mutants.MUTANTS) == set(EXPECTED_CATCHER)
+    for name, (path, bug) in mutants.MUTANTS.items():
+        adapter = registry.load(registry.ddp_class_spec(path))
+        assert issubclass(adapter.cls, BucketedDDP) and adapter.cls is not BucketedDDP, name
+        assert bug and "\n" not in bug, name
+        assert adapter.capabilities == BucketedDDP.gradparity_capabilities
+    assert [n for n in mutants.MUTANTS if mutants.may_abort(n)] == ["skip-unused"]
+
+
+# -- counting rules, on hand-built results --------------------------------------------------------
+def _result(adapter, scenario, verdict="passed", *, kind="", fired=0, records=2):
+    return {"adapter": adapter, "scenario": scenario, "verdict": verdict, "kind": kind, "fired": fired,
+            "records": records, "message": "boom" if verdict == "failed" else ""}
+
+
+def _judge(mutant: str, *results):
+    spec = registry.ddp_class_spec(mutants.MUTANTS[mutant][0])
+    rows = [_result(zoo.BASE, "s", "passed"), _result(zoo.BASE, "broken", "failed", kind="wrong")]
+    rows += [_result(spec, *r[:2], **r[2]) for r in results]
+    doc = zoo.judge(rows, {mutant: mutants.MUTANTS[mutant]}, [zoo.BASE])
+    return doc["table"][0]
+
+
+def test_a_failure_counts_only_where_the_mutation_fired():
+    row = _judge("no-divide", ("s", "failed", {"kind": "wrong", "fired": 0}))
+    assert row["caught_by"] == [] and row["failed_not_fired"] == ["s"] and row["verdict"] == "ESCAPED"
+    row = _judge("no-divide", ("s", "failed", {"kind": "wrong", "fired": 3}))
+    assert row["caught_by"] == ["s"] and row["verdict"] == "caught"
+
+
+def test_a_scenario_the_base_fails_catches_nothing():
+    row = _judge("no-divide", ("broken", "failed", {"kind": "wrong", "fired": 3}))
+    assert row["caught_by"] == [] and row["failed_not_fired"] == ["broken"]
+
+
+def test_a_fired_mutation_the_suite_misses_is_a_blind_spot():
+    row = _judge("no-buffer-broadcast", ("s", "passed", {"fired": 2}))
+    assert row["caught_by"] == [] and row["fired_but_passed"] == ["s"]
+
+
+def test_a_hang_counts_only_for_a_mutant_whose_failure_mode_is_a_hang():
+    row = _judge("skip-unused", ("s", "failed", {"kind": "hang", "fired": None, "records": 0}))
+    assert row["caught_by"] == ["s"] and row["how"]["s"] == "hang"
+    row = _judge("no-divide", ("s", "failed", {"kind": "hang", "fired": None, "records": 0}))
+    assert row["caught_by"] == []
+
+
+# -- the zoo itself ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quick_zoo(tmp_path_factory):
+    report_dir = tmp_path_factory.mktemp("zoo")
+    code, doc = zoo.zoo("quick", report_dir=str(report_dir), timeout_scale=0.2, console=Console(width=160))
+    return code, doc, report_dir
+
+
+@pytest.mark.slow
+def test_every_mutant_is_caught_on_the_quick_profile(quick_zoo):
+    code, doc, _ = quick_zoo
+    rows = {row["mutant"]: row for row in doc["table"]}
+    escaped = {name: (row["failed_not_fired"], row["fired_but_passed"]) for name, row in rows.items() if not row["caught_by"]}
+    assert not escaped, f"mutants not caught (failed-not-fired, fired-but-passed): {escaped}"
+    for name, scenario in EXPECTED_CATCHER.items():
+        assert scenario in rows[name]["caught_by"], f"{name}: caught by {rows[name]['caught_by']}, not by {scenario}"
+    assert rows["skip-unused"]["how"]["ddp/unused-on-rank1/branches/w2/fp32"] == "hang"  # the timeout path reported it
+    assert set(doc["cover"]) <= {s for row in rows.values() for s in row["caught_by"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control", ["torch-ddp", zoo.BASE])
+def test_controls_pass(quick_zoo, control):
+    _, doc, _ = quick_zoo
+    state = doc["controls"][control]
+    assert state["failed"] == 0, state["failures"]
+    assert state["passed"] >= 15
+
+
+@pytest.mark.slow
+def test_refimpl_ddp_passes(quick_zoo):
+    """refimpl's DDP is a control too; kept separate so its state reads on its own."""
+    _, doc, _ = quick_zoo
+    state = doc["controls"]["refimpl-ddp"]
+    assert state["failed"] == 0, state["failures"]
+
+
+@pytest.mark.slow
+def test_reports_carry_the_detection_table(quick_zoo):
+    code, doc, report_dir = quick_zoo
+    assert code == (1 if doc["escaped"] or doc["failed_controls"] else 0)
+    written = json.loads((report_dir / "zoo.json").read_text())
+    assert written["schema"] == zoo.SCHEMA and written["profile"] == "quick"
+    assert [row["mutant"] for row in written["table"]] == list(mutants.MUTANTS)
+    fired = [r for r in written["results"] if r["adapter"].endswith(":NoDivide") and r["verdict"] == "failed"]
+    assert fired and all(r["details"]["backward_stats"]["mutation_fired"] > 0 for r in fired)
+    page = (report_dir / "zoo.html").read_text()
+    assert "Detection table" in page and all(name in page for name in mutants.MUTANTS)
