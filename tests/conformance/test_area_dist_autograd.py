@@ -1,0 +1,69 @@
+"""The dist_autograd area: catalogue shape, the local oracle, refimpl and torch on warm RPC pools,
+and a known-bad implementation (one send's gradients lost) caught with a useful message."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import catalogue
+from conformance.compare import ConformanceError
+from conformance.runners import dist_autograd as driver
+
+MUTANT = "conformance.adapters.dist_autograd:mutant_loses_second_send"
+
+
+def _get(scenario_id):
+    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
+
+
+def test_catalogue_covers_the_issue():
+    full = catalogue.select(area="dist_autograd", profile="full")
+    kinds = {s.model for s in full}
+    assert {"simple", "chain", "fan-out", "sent-twice", "round-trip", "multi-roots", "unused-arg",
+            "unused-leaf", "unused-result", "retain-graph", "remote-error"} <= kinds
+    assert {s.world_size for s in full} == {2, 3}
+    quick = {s.id for s in catalogue.select(area="dist_autograd", profile="quick")}
+    assert quick < {s.id for s in catalogue.select(area="dist_autograd", profile="standard")}
+
+
+def test_oracle_is_local_autograd():
+    grads = driver.oracle(_get("dist_autograd/simple/w2/fp64"), "simple")
+    assert set(grads) == {"x@worker0", "w@worker0"}
+    from conformance.runners.dist_autograd_fns import leaves
+
+    L = leaves(0)
+    assert grads["x@worker0"].equal(L["w"].detach()) and grads["w@worker0"].equal(L["x"].detach())
+    unused = driver.oracle(_get("dist_autograd/unused-arg/w2/fp64"), "unused-arg")
+    assert unused["w@worker0"] is None and unused["x@worker0"].eq(3).all()
+
+
+@pytest.fixture(scope="module")
+def session():
+    from conformance.harness.pool import PoolManager
+
+    pools = PoolManager()
+    yield SimpleNamespace(pools=pools, timeout_scale=2.0)
+    pools.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", catalogue.select(area="dist_autograd", profile="standard"), ids=str)
+def test_refimpl_conforms(session, scenario):
+    assert driver.check(scenario, "refimpl-dist-autograd", session).comparisons >= 3
+
+
+@pytest.mark.slow
+def test_torch_error_message_is_normalised(session):
+    checked = driver.check(_get("dist_autograd/remote-error/w3/fp64"), "torch-dist-autograd", session)
+    assert "Error on Node 2: Simulate error on backward pass" in checked.accepted_error
+
+
+@pytest.mark.slow
+def test_lost_send_is_caught(session):
+    with pytest.raises(ConformanceError) as info:
+        driver.check(_get("dist_autograd/sent-twice/w3/fp64"), MUTANT, session)
+    message = str(info.value)
+    assert "dist_autograd/sent-twice/w3/fp64" in message and "backward pass 1" in message
+    assert "x@worker0" in message and "differ" in message and "repro: gradparity run" in message
+    # the pool is still healthy afterwards
+    assert driver.check(_get("dist_autograd/simple/w2/fp64"), "refimpl-dist-autograd", session).comparisons
