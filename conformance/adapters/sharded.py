@@ -1,0 +1,275 @@
+"""Adapters of the `sharded` area: the DDP contract on *gathered* gradients and parameters.
+
+A sharded implementation holds 1/W of the gradients (and, for FSDP, of the parameters) on
+each rank; the suite reads them through the same `Wrapped` protocol as DDP's, so every
+`full_*` method here is a collective that rebuilds the unsharded tensors. Built-ins:
+
+* ``refimpl-sharded`` — :class:`refimpl.sharded.ShardedDataParallel` (ZeRO-2: replicated
+  parameters, reduce-scattered gradients through the bucketer, a sharded optimizer).
+* ``torch-fsdp`` — ``torch.distributed.fsdp.FullyShardedDataParallel`` (FSDP1), one root
+  unit, ``use_orig_params=True`` (so the optimizer and the suite see the module's own
+  parameter names), ``sync_module_states=True`` (construction-time sync from rank 0).
+* ``torch-fsdp2`` — ``torch.distributed.fsdp.fully_shard`` (FSDP2, DTensor parameters) on
+  the root module. ``fully_shard`` does no construction-time sync: like a user would, the
+  adapter broadcasts rank 0's parameters and buffers *before* sharding (FSDP2's docs ask
+  for a rank-0 broadcast or a full-state-dict load).
+
+What the suite observes inside ``no_sync()`` is each rank's *local* accumulated gradient.
+Sharded implementations keep it in internal buffers (none exposes it publicly), so the
+wrappers read it from where each keeps it; see each class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from conformance.spec import Capability, Scenario, WrapOptions
+
+C = Capability
+
+
+def _cpu(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach().to("cpu", copy=True)
+
+
+# -- refimpl ------------------------------------------------------------------------------------
+class RefimplShardedWrapped:
+    """Drives :class:`refimpl.sharded.ShardedDataParallel`.
+
+    The suite's runner builds a plain torch optimizer over `optimizer_parameters()` (this
+    rank's shards). refimpl's own `ShardedOptimizer` all-gathers the parameters after
+    `step()`; here the wrapper does it lazily — before the next forward or read — when the
+    shards changed (their version counter moved), which is the same collective at the same
+    point of the step sequence on every rank.
+    """
+
+    def __init__(self, sdp):
+        self.sdp = sdp
+        self.module = sdp.module
+        self._synced_forward = True
+        self._versions = self._shard_versions()
+
+    def _shard_versions(self) -> list[int]:
+        return [flat.params._version for flat in self.sdp._flats]
+
+    def _gather_if_stepped(self) -> None:
+        versions = self._shard_versions()
+        if versions != self._versions:
+            self.sdp.gather_parameters()
+            self._versions = self._shard_versions()
+
+    def __call__(self, *inputs, **kwargs):
+        self._gather_if_stepped()
+        self._synced_forward = self.sdp._sync
+        return self.sdp(*inputs, **kwargs)
+
+    def no_sync(self) -> AbstractContextManager:
+        return self.sdp.no_sync()
+
+    def full_gradients(self) -> dict[str, Tensor | None]:
+        if not self._synced_forward:  # local accumulation: still in the full p.grad
+            return {n: _cpu(p.grad) for n, p in self.module.named_parameters() if p.requires_grad}
+        grads = self.sdp.full_gradients()
+        return {n: _cpu(grads[n]) for n, p in self.module.named_parameters() if p.requires_grad}
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        self._gather_if_stepped()
+        return {n: _cpu(t) for n, t in self.sdp.full_parameters().items()}
+
+    def full_buffers(self) -> dict[str, Tensor]:
+        return {n: _cpu(b) for n, b in self.module.named_buffers()}
+
+    def optimizer_parameters(self) -> Iterable[nn.Parameter]:
+        return self.sdp.sharded_parameters()
+
+
+class RefimplSharded:
+    name = "refimpl-sharded"
+    area = "sharded"
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUCKET_CAP, C.BUFFER_BROADCAST, C.HALF_PRECISION})
+
+    def __init__(self):
+        import refimpl
+
+        self.version = getattr(refimpl, "__version__", "0")
+
+    def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> RefimplShardedWrapped:
+        from refimpl.sharded import ShardedDataParallel
+
+        kwargs = {"broadcast_buffers": options.broadcast_buffers}
+        if options.bucket_cap_mb is not None:
+            kwargs["bucket_cap_mb"] = options.bucket_cap_mb
+        return RefimplShardedWrapped(ShardedDataParallel(module, process_group=ctx.group, **kwargs))
+
+
+# -- torch FSDP (FSDP1) -------------------------------------------------------------------------
+class FSDPWrapped:
+    """Drives one root ``FullyShardedDataParallel`` unit with ``use_orig_params=True``.
+
+    Full gradients and parameters come from ``FSDP.summon_full_params(with_grads=True)``
+    (public API, a collective). Inside ``no_sync()`` FSDP keeps the local unsharded gradient
+    and leaves the parameters unsharded; ``summon_full_params`` then shows exactly that.
+    """
+
+    def __init__(self, fsdp):
+        self.fsdp = fsdp
+        self.module = fsdp.module
+
+    def __call__(self, *inputs, **kwargs):
+        return self.fsdp(*inputs, **kwargs)
+
+    def no_sync(self) -> AbstractContextManager:
+        return self.fsdp.no_sync()
+
+    def _names(self) -> list[tuple[str, nn.Parameter]]:
+        return list(self.module.named_parameters())
+
+    def full_gradients(self) -> dict[str, Tensor | None]:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(self.fsdp, writeback=False, with_grads=True):
+            return {n: _cpu(p.grad) for n, p in self._names() if p.requires_grad}
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        with FSDP.summon_full_params(self.fsdp, writeback=False):
+            return {n: _cpu(p) for n, p in self._names()}
+
+    def full_buffers(self) -> dict[str, Tensor]:
+        return {n: _cpu(b) for n, b in self.module.named_buffers()}
+
+    def optimizer_parameters(self) -> Iterable[nn.Parameter]:
+        return [p for p in self.fsdp.parameters() if p.requires_grad]
+
+
+class TorchFSDP:
+    """FSDP1 declares no rank-0 buffer broadcast before forward (FSDP has no such option;
+    buffers are synced once, at construction) and no bucket cap (its unit is the wrap)."""
+
+    name = "torch-fsdp"
+    area = "sharded"
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION})
+    version = torch.__version__
+
+    def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDPWrapped:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        fsdp = FSDP(
+            module, process_group=ctx.group, device_id=ctx.device,
+            use_orig_params=True, sync_module_states=True,
+        )
+        return FSDPWrapped(fsdp)
+
+
+# -- torch FSDP2 (fully_shard) ------------------------------------------------------------------
+class FSDP2Wrapped:
+    """Drives a module sharded with ``fully_shard`` (parameters are ``DTensor``s).
+
+    Full values: ``DTensor.full_tensor()`` (an all-gather). ``no_sync()`` is FSDP2's
+    ``set_requires_gradient_sync(False)``; the local accumulated (unsharded) gradient then
+    lives in FSDP2's per-parameter state (``FSDPParam.unsharded_accumulated_grad``, private:
+    read only to observe it, never written).
+    """
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._sync = True
+        self._synced_forward = True
+
+    def __call__(self, *inputs, **kwargs):
+        self._synced_forward = self._sync
+        return self.module(*inputs, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self.module.set_requires_gradient_sync(False)
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+            self.module.set_requires_gradient_sync(True)
+
+    def _local_accumulated(self) -> dict[str, Tensor | None]:
+        state = self.module._get_fsdp_state()
+        by_param = {}
+        group = state._fsdp_param_group
+        for fsdp_param in (group.fsdp_params if group is not None else []):
+            grad = getattr(fsdp_param, "unsharded_accumulated_grad", None)
+            if grad is None:
+                grad = getattr(fsdp_param, "unsharded_param", None)
+                grad = None if grad is None else grad.grad
+            by_param[id(fsdp_param.sharded_param)] = grad
+        return {n: _cpu(by_param.get(id(p))) for n, p in self.module.named_parameters() if p.requires_grad}
+
+    def full_gradients(self) -> dict[str, Tensor | None]:
+        if not self._synced_forward:
+            return self._local_accumulated()
+        out = {}
+        for n, p in self.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            g = p.grad
+            out[n] = None if g is None else _cpu(g.full_tensor() if hasattr(g, "full_tensor") else g)
+        return out
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        return {n: _cpu(p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in self.module.named_parameters()}
+
+    def full_buffers(self) -> dict[str, Tensor]:
+        return {n: _cpu(b) for n, b in self.module.named_buffers()}
+
+    def optimizer_parameters(self) -> Iterable[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+
+def _fully_shard():
+    from torch.distributed import fsdp
+
+    if hasattr(fsdp, "fully_shard"):
+        return fsdp.fully_shard
+    from torch.distributed._composable.fsdp import fully_shard  # torch < 2.6
+
+    return fully_shard
+
+
+class TorchFSDP2:
+    """FSDP2 declares no rank-0 buffer broadcast before forward and no bucket cap."""
+
+    name = "torch-fsdp2"
+    area = "sharded"
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION})
+    version = torch.__version__
+
+    def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDP2Wrapped:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        with torch.no_grad():  # construction-time sync, done as FSDP2's users must
+            src = dist.get_global_rank(ctx.group, 0)
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t.data, src=src, group=ctx.group)
+        mesh = DeviceMesh.from_group(ctx.group, ctx.device.type)
+        _fully_shard()(module, mesh=mesh)
+        return FSDP2Wrapped(module)
+
+    def unavailable(self, scenario: Scenario) -> str | None:
+        return None
+
+
+def refimpl_sharded() -> RefimplSharded:
+    return RefimplSharded()
+
+
+def torch_fsdp() -> TorchFSDP:
+    return TorchFSDP()
+
+
+def torch_fsdp2() -> TorchFSDP2:
+    return TorchFSDP2()

@@ -1,0 +1,181 @@
+"""The `bucketer` scenario catalogue: bucketed reduce-scatter (issue 6).
+
+A scenario is a *plan*: a sequence of `reduce_scatter_async` calls (shape, dtype, with or
+without a callback), repeated for `steps` rounds, each round ended by `flush()` (and
+`teardown()` where the implementation has it). `plan()` builds it from the scenario alone,
+so rank processes and the coordinator agree on it without sending tensors around.
+
+The contract (what `conformance.runners.bucketer` checks, in this order):
+
+1. Values — every callback receives a tensor of its input's shape and dtype holding, on rank
+   r, the exact sum over ranks of chunk r of that input (integer data in [-8, 8]: sums of up
+   to 4 ranks are exact in every dtype, fp16 included, in any order: bitwise).
+2. Exactly once — every callback is called exactly once by the end of the round's
+   `flush()`; never before its own `reduce_scatter_async` was entered; never again later.
+3. Results stay valid — the tensor a callback received still holds its value after every
+   later flush of the round (both implementations hand out views of a fresh output per
+   flush; consumers such as sharded data parallel keep them as `.grad`).
+4. Order, only where both FairScale 0.4.13 and refimpl document it:
+   a. an input larger than one rank's shard of a bucket (`numel > cap / itemsize / W`),
+      and every input when the cap is <= 0, is reduced at once: its callback runs before
+      its `reduce_scatter_async` returns ("large inputs will be reduced immediately");
+   b. callbacks of the *deferred* inputs of one dtype run in submission order (a bucket is
+      a FIFO). Nothing is required across dtypes (refimpl documents "by first use of the
+      bucket", FairScale does not say), nor between a deferred input and a later immediate
+      one — that they legitimately differ from submission order is the documented surprise.
+5. Inputs may be reused — overwriting the inputs right after `reduce_scatter_async`
+   returns must not change any result (the "reuse" scenarios).
+
+Caps: `None` is the implementation's default (25 MiB in both); a tiny cap flushes every few
+inputs; 0 disables bucketing; an "oversized" cap makes one input larger than a shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conformance.spec import Capability as C
+from conformance.spec import Scenario, Tolerance, WrapOptions
+
+QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
+SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
+EXACT_INTS = Tolerance(True, reason="exact: integers in [-8, 8], sums over <= 4 ranks are exact in every dtype")
+MiB = 1024 * 1024
+DEFAULT_CAP_MB = 25.0  # what both implementations use when no cap is given
+
+
+@dataclass(frozen=True)
+class Call:
+    """One `reduce_scatter_async` call: chunk shape (every rank's chunk has it), dtype, callback?"""
+
+    shape: tuple[int, ...]
+    dtype: str
+    callback: bool = True
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def shard_elements(cap_mb: float | None, dtype: str, world_size: int) -> int:
+    """Elements of one rank's shard of a bucket (0: bucketing disabled). Same rule in both."""
+    cap = DEFAULT_CAP_MB if cap_mb is None else cap_mb
+    if cap <= 0:
+        return 0
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return int(cap * MiB // itemsize // world_size)
+
+
+def must_be_immediate(scenario: Scenario, call: Call) -> bool:
+    """Order rule 4a: reduced (callback run) before its own call returns."""
+    return call.numel > shard_elements(scenario.options.bucket_cap_mb, call.dtype, scenario.world_size)
+
+
+def plan(scenario: Scenario) -> list[Call]:
+    """The calls of one round, from the scenario's `model` (plan kind) and kwargs."""
+    kw = scenario.kwargs()
+    kind = scenario.model
+    dtypes = kw.get("dtypes", (scenario.dtype,))
+    g = torch.Generator().manual_seed(1000 + scenario.seed)
+
+    def size(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    shapes = ((lambda n: (n,)), (lambda n: (n, 2)), (lambda n: (2, n, 1)))
+    calls: list[Call] = []
+    if kind in ("mixed", "reuse"):
+        for i in range(kw.get("count", 12)):
+            shape = shapes[i % 3](size(1, kw.get("max_numel", 40)))
+            calls.append(Call(shape, dtypes[i % len(dtypes)], callback=(i % 7 != 6)))
+    elif kind == "many-small":
+        for i in range(kw.get("count", 200)):
+            calls.append(Call((size(1, 8),), dtypes[i % len(dtypes)]))
+    elif kind == "oversized":
+        # Small inputs around one that exceeds a shard: the documented out-of-order case.
+        big = kw["big_numel"]
+        for i in range(kw.get("count", 9)):
+            if i in kw.get("big_at", (3,)):
+                calls.append(Call((big,), dtypes[0]))
+            else:
+                calls.append(Call((size(1, 16), 2), dtypes[i % len(dtypes)]))
+    elif kind == "zero-size":
+        calls = [Call((5,), dtypes[0]), Call((0,), dtypes[0]), Call((3, 0), dtypes[0]), Call((4,), dtypes[0])]
+    else:
+        raise ValueError(f"scenario {scenario.id}: unknown bucketer plan {kind!r}")
+    return calls
+
+
+def chunk(scenario: Scenario, *, round_: int, rank: int, index: int, dest: int, call: Call,
+          device: str = "cpu") -> torch.Tensor:
+    """Rank `rank`'s chunk `dest` of call `index` in round `round_`: integers in [-8, 8]."""
+    g = torch.Generator().manual_seed(hash((scenario.seed, round_, rank, index, dest)) & 0x7FFF_FFFF)
+    values = torch.randint(-8, 9, call.shape, generator=g)
+    return values.to(dtype=getattr(torch, call.dtype), device=device)
+
+
+def make(name: str, kind: str, *, w: int = 2, cap: float | None = None, dtypes: tuple[str, ...] = ("float32",),
+         profiles: frozenset = QUICK, steps: int = 1, **kwargs) -> Scenario:
+    description = kwargs.pop("description", "")
+    needs = {C.BUCKET_CAP} if cap is not None else set()
+    if any(d in ("float16", "bfloat16") for d in dtypes):
+        needs.add(C.HALF_PRECISION)
+    cap_tag = "default" if cap is None else ("off" if cap <= 0 else f"{cap:g}mb")
+    return Scenario(
+        id=f"bucketer/{name}/{cap_tag}/w{w}/{'-'.join(SHORT[d] for d in dtypes)}",
+        area="bucketer",
+        model=kind,
+        model_kwargs=tuple(sorted({**kwargs, "dtypes": dtypes}.items())),
+        dtype=dtypes[0],
+        world_size=w,
+        steps=steps,
+        optimizer="none",
+        options=WrapOptions(bucket_cap_mb=cap),
+        requires=frozenset(needs),
+        tolerance=EXACT_INTS,
+        buffer_rule="none",
+        profiles=profiles,
+        timeout_s=30.0,
+        description=description,
+    )
+
+
+MIXED = ("float32", "float64", "int64", "float16")
+TINY = 0.0005  # 524 bytes per bucket: a flush every few inputs
+
+
+def scenarios() -> list[Scenario]:
+    out = [
+        make("mixed", "mixed", w=2, cap=TINY, dtypes=MIXED, steps=2,
+             description="mixed sizes, shapes and dtypes; tiny cap: many flushes to make room; two rounds"),
+        make("oversized", "oversized", w=2, cap=0.01, big_numel=2000,
+             description="one input larger than a shard (1310 fp32 elements at w2): its callback runs "
+                         "before the call returns, ahead of earlier small inputs (documented by both)"),
+        make("mixed", "mixed", w=1, cap=TINY, dtypes=MIXED, profiles=STANDARD, description="world size 1"),
+        make("mixed", "mixed", w=3, cap=TINY, dtypes=MIXED, profiles=STANDARD),
+        make("mixed", "mixed", w=4, cap=TINY, dtypes=MIXED, steps=2, profiles=STANDARD),
+        make("mixed", "mixed", w=2, dtypes=MIXED, profiles=STANDARD, description="default cap: one flush"),
+        make("disabled", "mixed", w=2, cap=0, dtypes=MIXED, profiles=STANDARD,
+             description="cap 0 disables bucketing: every callback before its call returns"),
+        make("disabled", "mixed", w=3, cap=0, profiles=STANDARD),
+        make("many-small", "many-small", w=2, dtypes=("float32", "float16"), count=200, profiles=STANDARD,
+             description="200 tiny inputs, default cap"),
+        make("many-small", "many-small", w=4, cap=0.001, count=200, profiles=STANDARD),
+        make("oversized", "oversized", w=4, cap=0.01, dtypes=("float32", "float64"), big_numel=1000,
+             big_at=(0, 4, 8), profiles=STANDARD),
+        make("oversized", "oversized", w=3, cap=0.01, dtypes=("float64",), big_numel=500, steps=2,
+             profiles=STANDARD),
+        make("reuse", "reuse", w=2, cap=TINY, dtypes=MIXED, reuse=True, profiles=STANDARD,
+             description="inputs overwritten right after each call returns: results unchanged"),
+        make("zero-size", "zero-size", w=2, cap=TINY, profiles=STANDARD,
+             description="inputs with no elements: their callbacks too run exactly once, with an empty result"),
+        make("bf16", "mixed", w=2, cap=TINY, dtypes=("bfloat16", "int32"), profiles=FULL),
+    ]
+    for w in (1, 2, 3, 4):
+        for cap in (None, TINY, 0):
+            out.append(make("sweep", "mixed", w=w, cap=cap, dtypes=MIXED, count=24, steps=3, profiles=FULL))
+    return out

@@ -1,0 +1,172 @@
+"""The `bucketer` area's driver: rank side (`run`) and coordinator side (`check`).
+
+Each rank replays the scenario's plan (`conformance.catalogue.bucketer.plan`) against the
+adapter's bucketer and records a log of what happened, in order — call entered, callback
+(with a copy of the value it received), call returned, flush entered/returned — plus the
+tensors the callbacks received, read again after the round's flush. The coordinator rebuilds
+every rank's expected sums from the same seeds and judges the contract stated in the
+catalogue's docstring. Nothing is judged on the ranks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from conformance.adapters import registry
+from conformance.catalogue.bucketer import chunk, must_be_immediate, plan
+from conformance.compare import ConformanceError, compare_tensor, failure_message
+from conformance.contract import Checked, repro_command
+from conformance.spec import Scenario
+
+TASK = "conformance.runners.bucketer:run"
+
+
+def run(payload, ctx) -> dict:
+    scenario, adapter_spec = payload
+    scenario: Scenario
+    adapter = registry.load(adapter_spec)
+    calls = plan(scenario)
+    reuse = bool(scenario.kwargs().get("reuse"))
+    W, rank = ctx.world_size, ctx.rank
+    bucketer = adapter.make(scenario.options.bucket_cap_mb)
+    rounds = []
+    t0 = time.perf_counter()
+    for round_ in range(scenario.steps):
+        log: list[tuple] = []
+        kept: dict[int, list[torch.Tensor]] = {}
+
+        def callback(out, i):
+            log.append(("callback", i, out.detach().to("cpu", copy=True)))
+            kept.setdefault(i, []).append(out)
+
+        for i, call in enumerate(calls):
+            inputs = [chunk(scenario, round_=round_, rank=rank, index=i, dest=d, call=call, device=ctx.device)
+                      for d in range(W)]
+            log.append(("enter", i))
+            fn = (lambda out, i=i: callback(out, i)) if call.callback else None
+            bucketer.reduce_scatter_async(inputs, ctx.group, fn)
+            log.append(("return", i))
+            if reuse:
+                for t in inputs:
+                    t.fill_(99)
+        log.append(("flush",))
+        bucketer.flush()
+        log.append(("flushed",))
+        teardown = getattr(bucketer, "teardown", None)
+        if callable(teardown):
+            teardown()
+        after = {i: [t.detach().to("cpu", copy=True) for t in ts] for i, ts in kept.items()}
+        rounds.append({"log": log, "after_flush": after})
+    return {"rounds": rounds, "seconds": time.perf_counter() - t0}
+
+
+def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
+    from conformance.harness.context import choose_topology
+
+    topology = choose_topology(scenario.world_size, scenario.device)
+    outcome = session.pools.get(topology).run(
+        TASK, (scenario, adapter_spec),
+        timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
+    )
+    if not outcome.ok:
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec}: the run failed on {topology.key()}\n"
+            f"{outcome.render_failures()}\n  repro: {repro_command(scenario, adapter_spec)}"
+        )
+    checked = judge(scenario, adapter_spec, outcome.values)
+    checked.details = {"seconds": outcome.seconds, "rank_seconds": outcome.values[0].get("seconds")}
+    return checked
+
+
+def expected_result(scenario: Scenario, round_: int, rank: int, index: int, call) -> torch.Tensor:
+    total = None
+    for src in range(scenario.world_size):
+        c = chunk(scenario, round_=round_, rank=src, index=index, dest=rank, call=call)
+        total = c if total is None else total + c
+    return total
+
+
+def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Checked:
+    """Raise ConformanceError at the first violation (rank by rank, round by round)."""
+    calls = plan(scenario)
+    tol = scenario.tolerance
+    repro = repro_command(scenario, adapter_spec)
+    count = 0
+
+    def fail(rank, where, what, mismatches=()):
+        raise ConformanceError(failure_message(
+            scenario_id=scenario.id, adapter=adapter_spec, rank=rank, where=where, what=what,
+            mismatches=list(mismatches), tol=tol, repro=repro,
+        ))
+
+    missing = [r for r in range(scenario.world_size) if r not in records]
+    if missing:
+        raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: no result from rank(s) {missing}")
+    for rank in range(scenario.world_size):
+        rounds = records[rank]["rounds"]
+        if len(rounds) != scenario.steps:
+            fail(rank, "at the end", f"{len(rounds)} rounds recorded, {scenario.steps} expected")
+        for round_, rec in enumerate(rounds):
+            where = f"round {round_}"
+            log = rec["log"]
+            entered: set[int] = set()
+            inside: int | None = None  # the call in progress
+            flushed = False
+            seen: dict[int, tuple[int, int | None]] = {}  # index -> (position, call in progress)
+            for pos, event in enumerate(log):
+                kind = event[0]
+                if kind == "enter":
+                    inside = event[1]
+                    entered.add(inside)
+                elif kind == "return":
+                    inside = None
+                elif kind == "flushed":
+                    flushed = True
+                elif kind == "callback":
+                    i, value = event[1], event[2]
+                    call = calls[i]
+                    if not call.callback:
+                        fail(rank, where, f"a callback ran for call {i}, which passed callback_fn=None")
+                    if flushed:
+                        fail(rank, where, f"call {i}'s callback ran after flush() returned")
+                    if i not in entered:
+                        fail(rank, where, f"call {i}'s callback ran before reduce_scatter_async was called for it")
+                    if i in seen:
+                        fail(rank, where, f"call {i}'s callback ran a second time (exactly once is required)")
+                    seen[i] = (pos, inside)
+                    m = compare_tensor(f"call {i} {call.dtype}{list(call.shape)}",
+                                       expected_result(scenario, round_, rank, i, call), value, tol)
+                    count += 1
+                    if m:
+                        fail(rank, where, f"call {i}: the callback's result is not the sum over ranks of chunk {rank}", [m])
+            lost = [i for i, c in enumerate(calls) if c.callback and i not in seen]
+            if lost:
+                fail(rank, where, f"callbacks of call(s) {lost[:10]} never ran by the end of flush() "
+                                  f"({len(lost)} of {sum(c.callback for c in calls)})")
+            # Results stay valid after later flushes.
+            for i, tensors in sorted(rec["after_flush"].items()):
+                call = calls[i]
+                m = compare_tensor(f"call {i} {call.dtype}{list(call.shape)}",
+                                   expected_result(scenario, round_, rank, i, call), tensors[0], tol)
+                count += 1
+                if m:
+                    fail(rank, where, f"call {i}: the result handed to the callback changed after a later "
+                                      "flush (it must stay valid)", [m])
+            # Order 4a: immediate where documented.
+            for i, (pos, during) in sorted(seen.items()):
+                if must_be_immediate(scenario, calls[i]) and during != i:
+                    when = "during flush()" if during is None else f"during call {during}"
+                    fail(rank, where, f"call {i} ({calls[i].numel} elements > one shard of the bucket, or bucketing "
+                                      f"disabled) must be reduced before its call returns; its callback ran {when}")
+            # Order 4b: deferred callbacks of one dtype in submission order.
+            last: dict[str, tuple[int, int]] = {}
+            for pos, i in sorted((p, i) for i, (p, during) in seen.items() if during != i):
+                dtype = calls[i].dtype
+                if dtype in last and last[dtype][1] > i:
+                    fail(rank, where, f"deferred {dtype} callbacks out of submission order: call {i}'s ran after "
+                                      f"call {last[dtype][1]}'s (a bucket runs its callbacks first in, first out)")
+                last[dtype] = (pos, i)
+            count += 1
+    return Checked(count)

@@ -1,0 +1,11 @@
+"""The bucketer contract (conformance.catalogue.bucketer): every callback exactly once by
+flush() with the exact sum over ranks of its chunk, results that stay valid, and the callback
+order both FairScale and refimpl document."""
+
+from conformance.plugin import run_case
+
+AREA = "bucketer"
+
+
+def test_bucketer(gp_case, request):
+    run_case(request, AREA)
