@@ -21,6 +21,11 @@ BUILTINS: dict[str, str] = {
     "torch-data-parallel": "conformance.adapters.data_parallel:torch_data_parallel",
     "refimpl-dist-autograd": "conformance.adapters.dist_autograd:refimpl_dist_autograd",
     "torch-dist-autograd": "conformance.adapters.dist_autograd:torch_dist_autograd",
+    "refimpl-bucketer": "conformance.adapters.bucketer:refimpl_bucketer",
+    "fairscale-bucketer": "conformance.adapters.bucketer:fairscale_bucketer",
+    "refimpl-sharded": "conformance.adapters.sharded:refimpl_sharded",
+    "torch-fsdp": "conformance.adapters.sharded:torch_fsdp",
+    "torch-fsdp2": "conformance.adapters.sharded:torch_fsdp2",
 }
 
 # What `gradparity run` tests when no --adapter is given.

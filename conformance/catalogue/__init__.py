@@ -20,6 +20,8 @@ AREAS: dict[str, tuple[str, str]] = {
     "ddp": ("conformance.catalogue.ddp:scenarios", "conformance.runners.ddp"),
     "data_parallel": ("conformance.catalogue.data_parallel:scenarios", "conformance.runners.data_parallel"),
     "dist_autograd": ("conformance.catalogue.dist_autograd:scenarios", "conformance.runners.dist_autograd"),
+    "bucketer": ("conformance.catalogue.bucketer:scenarios", "conformance.runners.bucketer"),
+    "sharded": ("conformance.catalogue.sharded:scenarios", "conformance.runners.ddp"),
 }
 
 
