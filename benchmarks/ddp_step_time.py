@@ -113,11 +113,13 @@ def timing_body(rank, world, model_name, steps, warmup, rounds, out_path):
     for impl, (ddp, opt) in impls.items():
         for i in range(warmup):
             step(ddp, opt, batches[i % 4], loss_fn)
+    # Alternate implementations every step (and their order every round) so that load
+    # from other processes on the machine hits both alike.
     for r in range(rounds):
         order = list(impls) if r % 2 == 0 else list(reversed(impls))
-        for impl in order:
-            ddp, opt = impls[impl]
-            for i in range(steps):
+        for i in range(steps):
+            for impl in order:
+                ddp, opt = impls[impl]
                 t0 = time.perf_counter()
                 step(ddp, opt, batches[i % 4], loss_fn)
                 times[impl].append(time.perf_counter() - t0)
@@ -211,9 +213,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--models", default="mlp,transformer,tiny")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    steps, warmup, rounds, mem_steps = (3, 2, 2, 2) if args.quick else (10, 5, 8, 4)
+    steps, warmup, rounds, mem_steps = (3, 2, 2, 2) if args.quick else (10, 5, 6, 4)
     models = args.models.split(",")
-    rows = [run_world(timing_body, args.world_size, m, steps, warmup, rounds) for m in models]
+    scale = {"mlp": 1, "transformer": 3, "tiny": 6}  # cheaper models get more samples
+    rows = [run_world(timing_body, args.world_size, m, steps * scale.get(m, 1), warmup, rounds) for m in models]
     memory = {}
     mem_model = "mlp"
     for impl in ("torch", "refimpl"):

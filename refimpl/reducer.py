@@ -53,6 +53,9 @@ from .sparse_reduce import SparseAllGatherReduction
 __all__ = ["Reducer", "ReducerState", "BackwardStats", "BucketTiming"]
 
 _now = time.perf_counter_ns
+# Mean elements per gradient above which 1/W is fused into the copy (see [Note: where 1/W
+# is applied]); below it the per-call overhead of ``torch.mul(out=)`` dominates.
+_FUSE_MIN_NUMEL = 16384
 
 
 class ReducerState(Enum):
@@ -77,8 +80,8 @@ class _Bucket:
 
     __slots__ = (
         "plan", "index", "sparse", "buffer", "views", "params", "pending",
-        "work", "future", "sparse_reduction", "launch_ns", "finish_ns", "grad_bucket",
-        "on_done",
+        "work", "future", "sparse_reduction", "launch_ns", "grad_bucket",
+        "on_done", "fuse_scale", "finish_cell",
     )  # fmt: skip
 
     def __init__(self, plan: BucketPlan, params: list[torch.Tensor], is_last: bool):
@@ -88,7 +91,11 @@ class _Bucket:
         self.params = params
         self.pending = len(params)
         self.work = self.future = self.sparse_reduction = None
-        self.launch_ns = self.finish_ns = -1
+        self.launch_ns = -1
+        # [Note: where 1/W is applied] Large gradients are scaled while being copied in
+        # (``torch.mul(out=)``: one pass over memory); for small ones that call costs more
+        # than the data, so they are copied and the whole buffer is scaled once at launch.
+        self.fuse_scale = False
         if plan.sparse:
             self.buffer = None
             self.views = []
@@ -102,8 +109,12 @@ class _Bucket:
             plan.index, self.buffer, params, self.views, is_last, plan.offsets, plan.lengths
         )
 
-        def on_done(_fut, bucket=self):
-            bucket.finish_ns = _now()
+        # The done-callback writes into a one-slot list, not into the bucket: a closure over
+        # the bucket would form a reference cycle and keep old buffers alive after a rebuild.
+        finish = self.finish_cell = [-1]
+
+        def on_done(_fut):
+            finish[0] = _now()
 
         self.on_done = on_done
 
@@ -181,6 +192,8 @@ class Reducer:
     def _install(self, plans: Sequence[BucketPlan]) -> None:
         """Allocate buffers for ``plans``; with bucket views, move existing grads into them."""
         n = len(self._params)
+        # Drop the old buffers before allocating new ones (a rebuild must not hold both).
+        self._buckets, self._bucket_of, self._view_of = [], [], []
         self._plans = tuple(plans)
         self._buckets = [
             _Bucket(plan, [self._params[i] for i in plan.param_indices], plan.index == len(plans) - 1)
@@ -189,6 +202,10 @@ class Reducer:
         self._bucket_of = [None] * n  # type: ignore[list-item]
         self._view_of = [None] * n
         for b in self._buckets:
+            b.fuse_scale = (
+                self._scale and self._hook is None and not self._as_view and not b.sparse
+                and b.plan.numel >= _FUSE_MIN_NUMEL * len(b.params)
+            )
             for k, i in enumerate(b.plan.param_indices):
                 self._bucket_of[i] = b
                 if not b.sparse:
@@ -214,6 +231,8 @@ class Reducer:
         if self._state is not _IDLE:
             raise RuntimeError(f"register_comm_hook called while the reducer is {self._state.value}; call it before forward")
         self._hook, self._hook_state = hook, state
+        for b in self._buckets:
+            b.fuse_scale = False  # the hook receives the plain sum and divides itself
 
     def remove_hooks(self) -> None:
         for h in self._handles:
@@ -254,7 +273,7 @@ class Reducer:
         self._next_bucket = 0
         for b in self._buckets:
             b.pending = len(b.params)
-            b.launch_ns = b.finish_ns = -1
+            b.launch_ns = b.finish_cell[0] = -1
         self._record_order = self._rebuild_allowed and not self.buckets_rebuilt
         self._ready_order = []
         self._delay_all = False
@@ -336,7 +355,10 @@ class Reducer:
             view = self._view_of[i]
             g = p.grad
             if g is not view:
-                view.copy_(g)
+                if b.fuse_scale:
+                    torch.mul(g, self._inv, out=view)
+                else:
+                    view.copy_(g)
                 if self._as_view:
                     p.grad = view
         b.pending -= 1
@@ -356,7 +378,10 @@ class Reducer:
             if g is None:
                 view.zero_()
             elif g is not view:
-                view.copy_(g)
+                if b.fuse_scale:
+                    torch.mul(g, self._inv, out=view)
+                else:
+                    view.copy_(g)
                 if self._as_view:
                     p.grad = view
         b.pending -= 1
@@ -391,7 +416,7 @@ class Reducer:
                 raise TypeError(f"comm hook must return a torch.futures.Future, got {type(fut).__name__}")
             b.future = fut
         else:
-            if self._scale:
+            if self._scale and not b.fuse_scale:
                 # Average by pre-scaling (as torch does): x/W summed over W ranks.
                 b.buffer.mul_(self._inv)
             b.work = dist.all_reduce(b.buffer, group=self._pg, async_op=True)
@@ -466,7 +491,7 @@ class Reducer:
         if b.sparse:
             result = b.sparse_reduction.result()  # type: ignore[union-attr]
             b.sparse_reduction = None
-            b.finish_ns = _now()
+            b.finish_cell[0] = _now()
             if global_used is None or global_used[indices[0]]:
                 b.params[0].grad = result
             return
@@ -556,7 +581,7 @@ class Reducer:
                     param_indices=b.plan.param_indices,
                     nbytes=b.plan.nbytes,
                     launch_ns=b.launch_ns - base if b.launch_ns >= 0 else None,
-                    finish_ns=b.finish_ns - base if b.finish_ns >= 0 else None,
+                    finish_ns=b.finish_cell[0] - base if b.finish_cell[0] >= 0 else None,
                 )
                 for b in self._buckets
             ),
