@@ -19,8 +19,8 @@ batch sums, so they get a tolerance scaled by the number of rows summed.
 
 from __future__ import annotations
 
-from conformance.spec import Scenario, Tolerance, float_tolerance
 from conformance.spec import Capability as C
+from conformance.spec import Scenario, Tolerance, float_tolerance
 
 QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
 SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
