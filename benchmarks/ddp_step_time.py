@@ -110,7 +110,7 @@ def timing_body(rank, world, model_name, steps, warmup, rounds, out_path):
     batches = [make_batch(g) for _ in range(4)]
     times = {k: [] for k in impls}
     overlap = []
-    for impl, (ddp, opt) in impls.items():
+    for ddp, opt in impls.values():
         for i in range(warmup):
             step(ddp, opt, batches[i % 4], loss_fn)
     # Alternate implementations every step (and their order every round) so that load

@@ -124,7 +124,7 @@ def compute_bucket_assignment_by_size(
     sparse_flags = list(expect_sparse_gradient) if expect_sparse_gradient is not None else [False] * n
     if len(sparse_flags) != n:
         raise ValueError(f"expect_sparse_gradient has {len(sparse_flags)} entries for {n} params")
-    infos = [_as_info(p, s) for p, s in zip(params, sparse_flags)]
+    infos = [_as_info(p, s) for p, s in zip(params, sparse_flags, strict=True)]
     visit = list(range(n - 1, -1, -1)) if order is None else list(order)
     if sorted(visit) != list(range(n)):
         raise ValueError(f"order must be a permutation of range({n}), got {visit}")
@@ -167,7 +167,7 @@ def plan_buckets(
     """Plan the buckets (see module docstring) and lay out each flat buffer."""
     n = len(params)
     sparse_flags = list(expect_sparse_gradient) if expect_sparse_gradient is not None else [False] * n
-    infos = [_as_info(p, s) for p, s in zip(params, sparse_flags)]
+    infos = [_as_info(p, s) for p, s in zip(params, sparse_flags, strict=True)]
     limits = [min(first_bucket_bytes, bucket_cap_bytes), bucket_cap_bytes]
     groups = compute_bucket_assignment_by_size(infos, limits, sparse_flags, order)
     plans = []

@@ -46,18 +46,20 @@ from .bucketing import (
     ParamInfo,
     plan_buckets,
 )
-from .comm_hooks import GradBucket
+from .reducer_buckets import FUSE_MIN_NUMEL, Bucket
 from .reducer_stats import BackwardStats, BucketTiming
-from .sparse_reduce import SparseAllGatherReduction
+from .unused_params import (
+    marked_twice_error,
+    static_count_error,
+    static_missing_error,
+    unfinished_reduction_error,
+    unreached_params,
+    unused_parameters_error,
+)
 
 __all__ = ["Reducer", "ReducerState", "BackwardStats", "BucketTiming"]
 
 _now = time.perf_counter_ns
-# Mean elements per gradient above which 1/W is fused into the copy (see [Note: where 1/W
-# is applied]); below it the per-call overhead of ``torch.mul(out=)`` dominates.
-_FUSE_MIN_NUMEL = 16384
-
-
 class ReducerState(Enum):
     """Where the reducer is in an iteration (each transition is checked)."""
 
@@ -73,50 +75,6 @@ _IDLE, _PREPARED, _BACKWARD, _FINALIZING = (
     ReducerState.BACKWARD,
     ReducerState.FINALIZING,
 )
-
-
-class _Bucket:
-    """Runtime state of one planned bucket (the plan itself is immutable)."""
-
-    __slots__ = (
-        "plan", "index", "sparse", "buffer", "views", "params", "pending",
-        "work", "future", "sparse_reduction", "launch_ns", "grad_bucket",
-        "on_done", "fuse_scale", "finish_cell",
-    )  # fmt: skip
-
-    def __init__(self, plan: BucketPlan, params: list[torch.Tensor], is_last: bool):
-        self.plan = plan
-        self.index = plan.index
-        self.sparse = plan.sparse
-        self.params = params
-        self.pending = len(params)
-        self.work = self.future = self.sparse_reduction = None
-        self.launch_ns = -1
-        # [Note: where 1/W is applied] Large gradients are scaled while being copied in
-        # (``torch.mul(out=)``: one pass over memory); for small ones that call costs more
-        # than the data, so they are copied and the whole buffer is scaled once at launch.
-        self.fuse_scale = False
-        if plan.sparse:
-            self.buffer = None
-            self.views = []
-        else:
-            self.buffer = torch.zeros(plan.numel, dtype=plan.dtype, device=plan.device)
-            self.views = [
-                self.buffer.narrow(0, off, length).view(shape)
-                for off, length, shape in zip(plan.offsets, plan.lengths, plan.shapes)
-            ]
-        self.grad_bucket = GradBucket(
-            plan.index, self.buffer, params, self.views, is_last, plan.offsets, plan.lengths
-        )
-
-        # The done-callback writes into a one-slot list, not into the bucket: a closure over
-        # the bucket would form a reference cycle and keep old buffers alive after a rebuild.
-        finish = self.finish_cell = [-1]
-
-        def on_done(_fut):
-            finish[0] = _now()
-
-        self.on_done = on_done
 
 
 class Reducer:
@@ -155,7 +113,7 @@ class Reducer:
         self._cap = bucket_cap_bytes
         self._first_cap = first_bucket_bytes
         self._sparse = list(expect_sparse_gradient or [False] * n)
-        self._infos = [ParamInfo.of(p, s) for p, s in zip(self._params, self._sparse)]
+        self._infos = [ParamInfo.of(p, s) for p, s in zip(self._params, self._sparse, strict=True)]
         self._map_device = self._params[0].device
         self._hook: Callable | None = None
         self._hook_state = None
@@ -180,8 +138,8 @@ class Reducer:
         self._rebuild_order: list[int] | None = None
         self.buckets_rebuilt = False
 
-        self._buckets: list[_Bucket] = []
-        self._bucket_of: list[_Bucket] = []
+        self._buckets: list[Bucket] = []
+        self._bucket_of: list[Bucket] = []
         self._view_of: list[torch.Tensor | None] = []
         self._install(plan_buckets(self._infos, self._cap, self._first_cap, self._sparse))
 
@@ -196,7 +154,7 @@ class Reducer:
         self._buckets, self._bucket_of, self._view_of = [], [], []
         self._plans = tuple(plans)
         self._buckets = [
-            _Bucket(plan, [self._params[i] for i in plan.param_indices], plan.index == len(plans) - 1)
+            Bucket(plan, [self._params[i] for i in plan.param_indices], plan.index == len(plans) - 1)
             for plan in plans
         ]
         self._bucket_of = [None] * n  # type: ignore[list-item]
@@ -204,7 +162,7 @@ class Reducer:
         for b in self._buckets:
             b.fuse_scale = (
                 self._scale and self._hook is None and not self._as_view and not b.sparse
-                and b.plan.numel >= _FUSE_MIN_NUMEL * len(b.params)
+                and b.plan.numel >= FUSE_MIN_NUMEL * len(b.params)
             )
             for k, i in enumerate(b.plan.param_indices):
                 self._bucket_of[i] = b
@@ -249,12 +207,7 @@ class Reducer:
         if self._state is _BACKWARD:
             pending = [self._names[i] for i in range(len(self._params)) if not self._ready[i]]
             self._abort()
-            raise RuntimeError(
-                "Expected to have finished reduction in the prior iteration before starting a new one: "
-                f"the last backward never finished (parameters without a gradient: {pending}). "
-                "If some parameters are unused in forward, pass find_unused_parameters=True to "
-                "DistributedDataParallel; make sure every forward output takes part in the loss."
-            )
+            raise unfinished_reduction_error(pending)
         if self._rebuild_order is not None:
             self._rebuild()
 
@@ -285,38 +238,11 @@ class Reducer:
             else:
                 self._unused_at_start = [i for i in range(n) if self._expected[i] == 0]
         elif self._find_unused:
-            self._unused_at_start = self._unreached(outputs)
+            self._unused_at_start = unreached_params(outputs, self._index_of, len(self._params))
         else:
             self._unused_at_start = []
         self._state = _PREPARED
         self._base_ns = _now()
-
-    def _unreached(self, outputs: Sequence[torch.Tensor]) -> list[int]:
-        """Parameters no forward output depends on (walk grad_fn -> next_functions)."""
-        reached = [False] * len(self._params)
-        index_of = self._index_of
-        seen = set()
-        stack = []
-        for t in outputs:
-            if t.grad_fn is not None:
-                stack.append(t.grad_fn)
-            elif id(t) in index_of:
-                reached[index_of[id(t)]] = True
-        while stack:
-            fn = stack.pop()
-            if fn in seen:
-                continue
-            seen.add(fn)
-            var = getattr(fn, "variable", None)
-            if var is not None:
-                i = index_of.get(id(var))
-                if i is not None:
-                    reached[i] = True
-                continue
-            for nxt, _ in fn.next_functions:
-                if nxt is not None and nxt not in seen:
-                    stack.append(nxt)
-        return [i for i, r in enumerate(reached) if not r]
 
     # ------------------------------------------------------------ hook path
     def _on_grad(self, i: int, p: torch.Tensor) -> None:
@@ -341,9 +267,9 @@ class Reducer:
             if c != expected:
                 if c < expected:
                     return
-                self._fail(self._static_count_error(i, c, expected))
+                self._fail(static_count_error(self._names[i], c, expected))
         elif self._ready[i]:
-            self._fail(self._twice_error(i))
+            self._fail(marked_twice_error(self._names[i], i in self._unused_at_start))
         self._used[i] = 1
         # Inlined _mark_ready for a used dense parameter: one Python frame per gradient.
         self._ready[i] = True
@@ -401,27 +327,7 @@ class Reducer:
         while self._next_bucket < nb and buckets[self._next_bucket].pending == 0:
             b = buckets[self._next_bucket]
             self._next_bucket += 1
-            self._launch(b)
-
-    def _launch(self, b: _Bucket) -> None:
-        b.launch_ns = _now()
-        if b.sparse:
-            p = b.params[0]
-            b.sparse_reduction = SparseAllGatherReduction(p.grad, p, self._pg, self._world_size)
-            return
-        if self._hook is not None:
-            b.grad_bucket.set_buffer(b.buffer)
-            fut = self._hook(self._hook_state, b.grad_bucket)
-            if not (hasattr(fut, "wait") and hasattr(fut, "add_done_callback")):
-                raise TypeError(f"comm hook must return a torch.futures.Future, got {type(fut).__name__}")
-            b.future = fut
-        else:
-            if self._scale and not b.fuse_scale:
-                # Average by pre-scaling (as torch does): x/W summed over W ranks.
-                b.buffer.mul_(self._inv)
-            b.work = dist.all_reduce(b.buffer, group=self._pg, async_op=True)
-            fut = b.work.get_future()
-        fut.add_done_callback(b.on_done)
+            b.launch(self._pg, self._world_size, self._hook, self._hook_state)
 
     # -------------------------------------------------------------- finalize
     def _finalize(self) -> None:
@@ -456,17 +362,9 @@ class Reducer:
         else:
             missing = [i for i in range(n) if not self._ready[i]]
             if missing and not self._find_unused and not self._static:
-                raise RuntimeError(
-                    f"parameters {[self._names[i] for i in missing]} did not receive a gradient in "
-                    "this backward, so their buckets could not be reduced (no optimizer step may use "
-                    "these gradients). If they are legitimately unused, pass "
-                    "find_unused_parameters=True to DistributedDataParallel."
-                )
+                raise unused_parameters_error([self._names[i] for i in missing])
             if missing and self._static:
-                raise RuntimeError(
-                    f"static_graph=True, but parameters {[self._names[i] for i in missing]} got fewer "
-                    "gradients than in the first iteration; the graph is not static"
-                )
+                raise static_missing_error([self._names[i] for i in missing])
             for i in missing:
                 self._mark_ready(i, params[i])
         if self._next_bucket != len(self._buckets):
@@ -479,83 +377,23 @@ class Reducer:
             if self._static:
                 self._static_global_used = global_used
         for b in self._buckets:
-            self._finish_bucket(b, global_used)
+            b.finish(global_used, self._as_view)
         if self._record_order:
             self._record_order = False
             order = self._ready_order
             if len(order) == n and len(set(order)) == n:
                 self._rebuild_order = order
 
-    def _finish_bucket(self, b: _Bucket, global_used: list[int] | None) -> None:
-        indices = b.plan.param_indices
-        if b.sparse:
-            result = b.sparse_reduction.result()  # type: ignore[union-attr]
-            b.sparse_reduction = None
-            b.finish_cell[0] = _now()
-            if global_used is None or global_used[indices[0]]:
-                b.params[0].grad = result
-            return
-        if b.work is not None:
-            b.work.wait()
-            b.work = None
-        else:
-            result = b.future.wait()  # type: ignore[union-attr]
-            b.future = None
-            if result is not b.buffer:
-                b.buffer.copy_(result.view(-1))
-        params, views = b.params, b.views
-        if global_used is None and not self._as_view:
-            torch._foreach_copy_([p.grad for p in params], views)
-            return
-        for k, p in enumerate(params):
-            if global_used is not None and not global_used[indices[k]]:
-                continue  # no rank used it: leave .grad as it was (None stays None)
-            g = p.grad
-            if self._as_view:
-                if g is not views[k]:
-                    p.grad = views[k]
-            elif g is None:
-                p.grad = torch.empty_like(p).copy_(views[k])
-            else:
-                g.copy_(views[k])
-
     def _abort(self) -> None:
         """After an error: let launched collectives finish, go back to IDLE."""
         for b in self._buckets:
-            try:
-                if b.work is not None:
-                    b.work.wait()
-                elif b.future is not None:
-                    b.future.wait()
-            except Exception:  # noqa: BLE001 - the original error is the one to report
-                pass
-            b.work = b.future = b.sparse_reduction = None
+            b.abandon()
         self._used = [0] * len(self._params)
         self._state = _IDLE
 
     def _fail(self, error: Exception) -> None:
         self._abort()
         raise error
-
-    def _twice_error(self, i: int) -> RuntimeError:
-        why = (
-            "find_unused_parameters marked it unused (no forward output depends on it), yet it "
-            "received a gradient: it was used outside the DDP forward's outputs"
-            if i in self._unused_at_start
-            else "its gradient hook fired twice in one backward (a reentrant backward, e.g. "
-            "activation checkpointing with use_reentrant=True, or the parameter used in several "
-            "forwards before one backward)"
-        )
-        return RuntimeError(
-            f"parameter {self._names[i]!r} was marked ready twice in one backward: {why}. "
-            "If the graph is the same every iteration, pass static_graph=True."
-        )
-
-    def _static_count_error(self, i: int, count: int, expected: int) -> RuntimeError:
-        return RuntimeError(
-            f"static_graph=True, but parameter {self._names[i]!r} received {count} gradients in "
-            f"this backward where the first iteration had {expected}; the graph is not static"
-        )
 
     # ---------------------------------------------------------------- rebuild
     def _rebuild(self) -> None:

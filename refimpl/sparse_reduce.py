@@ -66,8 +66,8 @@ class SparseAllGatherReduction:
         dist.all_gather(all_indices, indices.contiguous(), group=self._group)
         dist.all_gather(all_values, values.contiguous(), group=self._group)
         merged = torch.sparse_coo_tensor(
-            torch.cat([t[:, :c] for t, c in zip(all_indices, counts)], 1),
-            torch.cat([t[:c] for t, c in zip(all_values, counts)], 0),
+            torch.cat([t[:, :c] for t, c in zip(all_indices, counts, strict=True)], 1),
+            torch.cat([t[:c] for t, c in zip(all_values, counts, strict=True)], 0),
             self._shape,
         ).coalesce()
         return merged / self._world_size

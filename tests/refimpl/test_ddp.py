@@ -109,7 +109,7 @@ def check(rank, W, make_model, kwargs, loss_fn=mse, steps=3, micro=1, torch_too=
         (total / W).backward()
         for name, w in wrapped.items():
             where = f"{label} [{name} vs baseline] step {step}"
-            for (pname, p), q in zip(w.module.named_parameters(), base.parameters()):
+            for (pname, p), q in zip(w.module.named_parameters(), base.parameters(), strict=True):
                 if q.grad is None:
                     assert p.grad is None or not p.grad.any(), f"{where}: {pname} should have no grad"
                     continue
