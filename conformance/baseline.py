@@ -43,6 +43,10 @@ class Expected:
     synced: bool
     per_rank: list[dict[str, Tensor | None]]
     buffers: dict[str, Tensor] = field(default_factory=dict)  # rank 0's, after a step
+    # every rank's buffers after a step: rank 0's state at the forward, then the rank's own
+    # update. Only modelled for one micro-batch per step (under no_sync, DDP skips the
+    # broadcast at the next forward, so ranks other than 0 keep their own state).
+    rank_buffers: list[dict[str, Tensor]] | None = None
 
     def where(self) -> str:
         if self.kind == "step":
@@ -124,6 +128,7 @@ def _compute(scenario: Scenario) -> Baseline:
             synced = micro == scenario.micro_batches - 1
             start_buffers = buffers()
             rank0_buffers = start_buffers
+            after_forward = []
             for rank in range(W):
                 _load_buffers(model, start_buffers)  # every rank forwards from rank 0's buffers
                 (x,) = make_inputs(
@@ -137,8 +142,9 @@ def _compute(scenario: Scenario) -> Baseline:
                     grads = [None] * len(params)
                 for (name, _), g in zip(named, grads, strict=True):
                     local[rank][name] = _add(local[rank][name], _dense(g))
+                after_forward.append(buffers())
                 if rank == 0:
-                    rank0_buffers = buffers()
+                    rank0_buffers = after_forward[0]
             _load_buffers(model, rank0_buffers)  # rank 0's update wins at the next forward
             if synced:
                 avg = average(local, W)
@@ -152,7 +158,8 @@ def _compute(scenario: Scenario) -> Baseline:
                 p.grad = None if g is None else g.clone()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=buffers()))
+        per_rank = after_forward if scenario.micro_batches == 1 else None
+        baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=buffers(), rank_buffers=per_rank))
     return baseline
 
 

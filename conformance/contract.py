@@ -81,10 +81,16 @@ def check_records(scenario: Scenario, adapter: str, baseline: Baseline, records:
             count += 1
             if bad:
                 fail(rank, expected.where(), what, bad)
-            if expected.kind == "step" and rank == 0 and scenario.buffer_rule == "rank0-broadcast":
-                bad = compare_dicts(expected.buffers, actual["buffers"], tol)
+            if expected.kind == "step" and scenario.buffer_rule == "rank0-broadcast":
+                if rank == 0:
+                    bad = compare_dicts(expected.buffers, actual["buffers"], tol)
+                elif expected.rank_buffers is not None:
+                    bad = compare_dicts(expected.rank_buffers[rank], actual["buffers"], tol)
+                else:
+                    bad = []
                 if bad:
-                    fail(rank, expected.where(), "rank 0's buffers differ from the oracle", bad)
+                    fail(rank, expected.where(),
+                         "buffers differ from the oracle (rule: rank 0's buffers are broadcast before each forward)", bad)
         if expected.synced:
             reference = records[0]["events"][index]["values"]
             for rank in present[1:]:

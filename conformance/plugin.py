@@ -145,6 +145,15 @@ def pytest_collection_modifyitems(session, config, items):
     suite_items = [item for item in items if "gp_case" in getattr(item, "fixturenames", ())]
     if gp is None or not suite_items:
         return
+    # An area none of the selected adapters implements has no cases: deselect, don't skip.
+    empty = [
+        item for item in suite_items
+        if not isinstance(getattr(getattr(item, "callspec", None), "params", {}).get("gp_case"), tuple)
+    ]
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [item for item in items if item not in empty]
+        suite_items = [item for item in suite_items if item not in empty]
     files = [(p, "xfail") for p in config.getoption("xfails")] + [(p, "skip") for p in config.getoption("skips")]
     for spec in gp.adapters:
         name = registry.load(spec).name
@@ -198,7 +207,8 @@ def pytest_runtest_makereport(item, call):
     if not isinstance(case, tuple) or report.when not in ("call", "setup") or (report.when == "setup" and report.passed):
         return
     spec, scenario = case
-    details = getattr(item, "_gp_checked", None)
+    # A pass leaves its Checked on the item; a contract failure carries the ranks' details.
+    details = getattr(item, "_gp_checked", None) or (call.excinfo.value if call.excinfo is not None else None)
     verdict = report.outcome
     if hasattr(report, "wasxfail"):
         verdict = "xfailed" if report.skipped else "xpassed"

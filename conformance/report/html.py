@@ -65,7 +65,8 @@ def _matrix(report: dict) -> str:
 
 def _timeline(result: dict) -> str:
     """An SVG of bucket collectives over the backward pass, from an implementation's stats."""
-    stats = (result.get("details") or {}).get("backward_stats") or {}
+    per_rank = (result.get("details") or {}).get("backward_stats") or {}
+    stats = per_rank.get(0) or per_rank.get("0") or {}  # rank 0's view (JSON turns keys into strings)
     buckets = stats.get("buckets") if isinstance(stats, dict) else None
     if not buckets:
         return ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STYLE = {"passed": "green", "failed": "bold red", "xfailed": "yellow", "xpassed": "magenta", "skipped": "dim"}
@@ -30,9 +31,9 @@ def print_summary(terminalreporter, results: list[dict], written: dict | None, u
     for r in results:
         if r["verdict"] in ("failed", "xpassed"):
             first = (r["message"] or "").strip().splitlines()[:1]
-            console.print(f"[red]✗[/] {r['case']}: {first[0] if first else r['verdict']}", highlight=False)
+            console.print(f"[red]✗[/] {escape(r['case'])}: {escape(first[0] if first else r['verdict'])}", highlight=False)
     for line in unmatched:
-        console.print(f"[yellow]warning[/]: {line}", highlight=False)
+        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
     if written:
         for kind, path in written.items():
             console.print(f"{kind} report: {path}", highlight=False)

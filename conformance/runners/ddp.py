@@ -92,15 +92,20 @@ def judge(scenario: Scenario, adapter_spec: str, outcome, where: str = ""):
     from conformance import baseline, contract
     from conformance.compare import ConformanceError
 
-    if not outcome.ok:
-        raise ConformanceError(
-            f"[{scenario.id}] adapter {adapter_spec}: the run failed{' on ' + where if where else ''}\n"
-            f"{outcome.render_failures()}\n  repro: {contract.repro_command(scenario, adapter_spec)}"
-        )
-    checked = contract.check_records(scenario, adapter_spec, baseline.compute(scenario), outcome.values)
-    checked.details = {
+    details = {
         "seconds": outcome.seconds,
-        "rank_seconds": outcome.values[0].get("seconds"),
-        "backward_stats": outcome.values[0].get("backward_stats"),
+        "rank_seconds": {r: v.get("seconds") for r, v in outcome.values.items()},
+        "backward_stats": {r: v.get("backward_stats") for r, v in outcome.values.items()},
     }
+    try:
+        if not outcome.ok:
+            raise ConformanceError(
+                f"[{scenario.id}] adapter {adapter_spec}: the run failed{' on ' + where if where else ''}\n"
+                f"{outcome.render_failures()}\n  repro: {contract.repro_command(scenario, adapter_spec)}"
+            )
+        checked = contract.check_records(scenario, adapter_spec, baseline.compute(scenario), outcome.values)
+    except ConformanceError as exc:
+        exc.details = details  # the report keeps what the ranks said even when they were wrong
+        raise
+    checked.details = details
     return checked
