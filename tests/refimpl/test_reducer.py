@@ -1,0 +1,113 @@
+"""In-process tests of the reducer's state machine and the DDP wrapper (world size 1, gloo).
+
+World size 1 runs the same code path as N (buckets, async all-reduce, finalize), so these
+catch most logic errors without spawning; the multi-rank behaviour is in test_ddp.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from refimpl import DistributedDataParallel as DDP
+from refimpl.reducer import ReducerState
+
+
+@pytest.fixture(scope="module")
+def world1():
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def test_unsupported_keywords_are_rejected_before_anything_else():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        DDP(net(), bogus=1)
+    with pytest.raises(ValueError, match="does not support mixed_precision"):
+        DDP(net(), mixed_precision=object())
+    with pytest.raises(ValueError, match="does not support skip_all_reduce_unused_params"):
+        DDP(net(), skip_all_reduce_unused_params=True)
+
+
+def test_state_transitions_and_grads(world1):
+    ref = net()
+    ddp = DDP(net(), process_group=world1)
+    r = ddp.reducer
+    assert r.state is ReducerState.IDLE
+    x = torch.randn(3, 4)
+    out = ddp(x)
+    assert r.state is ReducerState.PREPARED
+    out.sum().backward()
+    assert r.state is ReducerState.IDLE
+    ref(x).sum().backward()
+    for p, q in zip(ddp.module.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    stats = ddp.get_backward_stats()
+    assert len(stats.param_ready_ns) == 4 and all(t is not None for t in stats.param_ready_ns)
+    assert stats.as_dict()["buckets"][0]["launch_ns"] is not None
+
+
+def test_no_sync_forward_does_not_prepare_and_accumulates(world1):
+    ddp = DDP(net(), process_group=world1)
+    x = torch.randn(3, 4)
+    with ddp.no_sync():
+        ddp(x).sum().backward()
+        assert ddp.reducer.state is ReducerState.IDLE
+    first = [p.grad.clone() for p in ddp.parameters()]
+    ddp(x).sum().backward()
+    for p, g in zip(ddp.parameters(), first, strict=True):
+        assert torch.allclose(p.grad, 2 * g)
+
+
+def test_forward_without_backward_then_forward_is_fine(world1):
+    ddp = DDP(net(), process_group=world1)
+    ddp(torch.randn(3, 4))
+    ddp(torch.randn(3, 4)).sum().backward()
+    with torch.no_grad():
+        ddp(torch.randn(3, 4))
+    assert ddp.reducer.state is ReducerState.IDLE
+
+
+def test_unused_parameter_raises_at_end_of_backward_and_resets(world1):
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Linear(4, 2)
+            self.unused = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.used(x)
+
+    ddp = DDP(Two(), process_group=world1)
+    with pytest.raises(RuntimeError, match=r"(?s)unused\.weight.*find_unused_parameters=True"):
+        ddp(torch.randn(3, 4)).sum().backward()
+    assert ddp.reducer.state is ReducerState.IDLE
+    ddp2 = DDP(Two(), process_group=world1, find_unused_parameters=True)
+    ddp2(torch.randn(3, 4)).sum().backward()
+    assert ddp2.module.unused.weight.grad is None and ddp2.module.used.weight.grad is not None
+
+
+def test_comm_hook_registration_rules(world1):
+    from refimpl.comm_hooks import fp16_compress_hook
+
+    ddp = DDP(net(), process_group=world1)
+    ddp.register_comm_hook(world1, fp16_compress_hook)
+    x = torch.randn(3, 4)
+    ddp(x).sum().backward()
+    ref = net()
+    ref(x).sum().backward()
+    for p, q in zip(ddp.module.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-2, rtol=1e-2)
+    with pytest.raises(RuntimeError, match="only be called once"):
+        ddp.register_comm_hook(world1, fp16_compress_hook)
