@@ -38,6 +38,14 @@ def _cpu(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach().to("cpu", copy=True)
 
 
+@torch.no_grad()
+def _broadcast_from_rank0(module: nn.Module, group) -> None:
+    """What FSDP2 (and FSDP1 on CPU) leave to the user: rank 0's parameters and buffers everywhere."""
+    src = dist.get_global_rank(group, 0)
+    for t in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(t.data, src=src, group=group)
+
+
 # -- refimpl ------------------------------------------------------------------------------------
 class RefimplShardedWrapped:
     """Drives :class:`refimpl.sharded.ShardedDataParallel`.
@@ -120,12 +128,33 @@ class FSDPWrapped:
     def __init__(self, fsdp):
         self.fsdp = fsdp
         self.module = fsdp.module
+        self._sync = True
+        self._synced_forward = True
 
     def __call__(self, *inputs, **kwargs):
+        self._synced_forward = self._sync
         return self.fsdp(*inputs, **kwargs)
 
-    def no_sync(self) -> AbstractContextManager:
-        return self.fsdp.no_sync()
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self._sync = False
+        try:
+            with self.fsdp.no_sync():
+                yield
+        finally:
+            self._sync = True
+
+    def _local_accumulated(self) -> dict[str, Tensor | None]:
+        """Inside no_sync() FSDP keeps the local *unsharded* flat gradient on the FlatParameter
+        (``summon_full_params(with_grads=True)`` then asserts it is sharded); split it with
+        the handle's own unflattening (private, read only)."""
+        handle = self.fsdp._handle
+        flat = handle.flat_param
+        by_name: dict[str, Tensor | None] = {}
+        if flat.grad is not None and flat.grad.numel() != flat.numel():
+            views = handle._get_unflat_views(flat.grad)
+            by_name = dict(zip(flat._fqns, views, strict=True))
+        return {n: _cpu(by_name.get(n)) for n, p in self._names() if p.requires_grad}
 
     def _names(self) -> list[tuple[str, nn.Parameter]]:
         return list(self.module.named_parameters())
@@ -133,6 +162,8 @@ class FSDPWrapped:
     def full_gradients(self) -> dict[str, Tensor | None]:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+        if not self._synced_forward:
+            return self._local_accumulated()
         with FSDP.summon_full_params(self.fsdp, writeback=False, with_grads=True):
             return {n: _cpu(p.grad) for n, p in self._names() if p.requires_grad}
 
@@ -161,9 +192,15 @@ class TorchFSDP:
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDPWrapped:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+        # FSDP's own construction-time sync refuses CPU tensors ("The module has CPU
+        # parameters or buffers when `sync_module_states=True`, which requires them to be on
+        # GPU"), so on CPU the adapter broadcasts rank 0's state itself, as a user must.
+        on_gpu = ctx.device.type == "cuda"
+        if not on_gpu:
+            _broadcast_from_rank0(module, ctx.group)
         fsdp = FSDP(
             module, process_group=ctx.group, device_id=ctx.device,
-            use_orig_params=True, sync_module_states=True,
+            use_orig_params=True, sync_module_states=on_gpu,
         )
         return FSDPWrapped(fsdp)
 
@@ -251,10 +288,7 @@ class TorchFSDP2:
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDP2Wrapped:
         from torch.distributed.device_mesh import DeviceMesh
 
-        with torch.no_grad():  # construction-time sync, done as FSDP2's users must
-            src = dist.get_global_rank(ctx.group, 0)
-            for t in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(t.data, src=src, group=ctx.group)
+        _broadcast_from_rank0(module, ctx.group)  # construction-time sync, as FSDP2's users must
         mesh = DeviceMesh.from_group(ctx.group, ctx.device.type)
         _fully_shard()(module, mesh=mesh)
         return FSDP2Wrapped(module)

@@ -105,6 +105,8 @@ def plan(scenario: Scenario) -> list[Call]:
                 calls.append(Call((size(1, 16), 2), dtypes[i % len(dtypes)]))
     elif kind == "zero-size":
         calls = [Call((5,), dtypes[0]), Call((0,), dtypes[0]), Call((3, 0), dtypes[0]), Call((4,), dtypes[0])]
+    elif kind == "only-empty":
+        calls = [Call((0,), dtypes[0]), Call((2, 0), dtypes[0])]
     else:
         raise ValueError(f"scenario {scenario.id}: unknown bucketer plan {kind!r}")
     return calls
@@ -173,6 +175,8 @@ def scenarios() -> list[Scenario]:
              description="inputs overwritten right after each call returns: results unchanged"),
         make("zero-size", "zero-size", w=2, cap=TINY, profiles=STANDARD,
              description="inputs with no elements: their callbacks too run exactly once, with an empty result"),
+        make("only-empty", "only-empty", w=2, cap=TINY, profiles=STANDARD,
+             description="a round whose only inputs have no elements: callbacks still run exactly once"),
         make("bf16", "mixed", w=2, cap=TINY, dtypes=("bfloat16", "int32"), profiles=FULL),
     ]
     for w in (1, 2, 3, 4):

@@ -1,0 +1,112 @@
+"""The bucketer area: catalogue shape and plans, refimpl and FairScale on warm pools, and
+known-bad bucketers (callback twice, lost callback, wrong chunk, no reduction, reversed order,
+overwritten results) each caught with a message that says what is wrong."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import catalogue
+from conformance.adapters.bucketer import MUTANTS, FairScaleBucketer
+from conformance.catalogue.bucketer import chunk, must_be_immediate, plan, shard_elements
+from conformance.compare import ConformanceError
+from conformance.runners import bucketer as driver
+
+
+def _get(scenario_id):
+    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
+
+
+MIXED = "bucketer/mixed/0.0005mb/w2/fp32-fp64-i64-fp16"
+OVERSIZED = "bucketer/oversized/0.01mb/w2/fp32"
+
+
+def test_catalogue_covers_the_issue():
+    standard = catalogue.select(area="bucketer", profile="standard")
+    assert {s.world_size for s in standard} == {1, 2, 3, 4}
+    caps = {s.options.bucket_cap_mb for s in standard}
+    assert None in caps and 0 in caps and any(c and c < 0.001 for c in caps)
+    dtypes = {d for s in standard for d in s.kwargs()["dtypes"]}
+    assert {"float32", "float64", "int64", "float16"} <= dtypes
+    assert any(s.model == "many-small" and len(plan(s)) >= 200 for s in standard)
+    # an input larger than a shard in the oversized scenarios, none in the default-cap ones
+    over = _get(OVERSIZED)
+    assert any(must_be_immediate(over, c) for c in plan(over)) and not all(must_be_immediate(over, c) for c in plan(over))
+    assert not any(must_be_immediate(s, c) for s in standard if s.options.bucket_cap_mb is None for c in plan(s))
+    quick = catalogue.select(area="bucketer", profile="quick")
+    assert 1 <= len(quick) <= 3
+
+
+def test_plans_and_data_are_deterministic_integers():
+    s = _get(MIXED)
+    assert plan(s) == plan(s)
+    a = chunk(s, round_=0, rank=1, index=2, dest=0, call=plan(s)[2])
+    assert a.equal(chunk(s, round_=0, rank=1, index=2, dest=0, call=plan(s)[2]))
+    assert a.abs().max() <= 8 and a.dtype == getattr(__import__("torch"), plan(s)[2].dtype)
+    assert not a.equal(chunk(s, round_=0, rank=0, index=2, dest=0, call=plan(s)[2]))
+    assert shard_elements(0.01, "float32", 2) == 1310 and shard_elements(0, "float32", 2) == 0
+
+
+def test_fairscale_unavailable_gives_the_reason(monkeypatch):
+    from conformance.adapters import bucketer as mod
+
+    mod._import_fairscale.cache_clear()
+    monkeypatch.setitem(__import__("sys").modules, "fairscale", None)
+    try:
+        reason = FairScaleBucketer().unavailable(_get(MIXED))
+        assert reason and "fairscale cannot be imported" in reason and "pip install" in reason
+    finally:
+        mod._import_fairscale.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def session():
+    from conformance.harness.pool import PoolManager
+
+    pools = PoolManager()
+    yield SimpleNamespace(pools=pools, timeout_scale=2.0)
+    pools.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["refimpl-bucketer", "fairscale-bucketer"])
+@pytest.mark.parametrize("scenario_id", [MIXED, OVERSIZED, "bucketer/disabled/off/w2/fp32-fp64-i64-fp16"])
+def test_implementations_conform(session, adapter, scenario_id):
+    from conformance.adapters import registry
+
+    reason = getattr(registry.load(adapter), "unavailable", lambda s: None)(_get(scenario_id))
+    if reason:
+        pytest.skip(reason)
+    assert driver.check(_get(scenario_id), adapter, session).comparisons > 10
+
+
+CAUGHT = {
+    "mutant-bucketer-calls-twice": "ran a second time",
+    "mutant-bucketer-loses-last": "never ran by the end of flush()",
+    "mutant-bucketer-wrong-chunk": "is not the sum over ranks of chunk",
+    "mutant-bucketer-not-reduced": "is not the sum over ranks of chunk",
+    "mutant-bucketer-reversed": "out of submission order",
+    "mutant-bucketer-reuses-output": "changed after a later flush",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_broken_bucketers_are_caught(session, name):
+    assert set(CAUGHT) == set(MUTANTS)
+    spec = f"conformance.adapters.bucketer:{MUTANTS[name].__name__}"
+    # reversed order shows best where no input is oversized (those must run at once anyway)
+    scenario_id = "bucketer/mixed/default/w2/fp32-fp64-i64-fp16" if name.endswith("reversed") else MIXED
+    with pytest.raises(ConformanceError) as info:
+        driver.check(_get(scenario_id), spec, session)
+    message = str(info.value)
+    assert scenario_id in message and CAUGHT[name] in message, message
+    assert "rank " in message and "repro: gradparity run" in message
+
+
+@pytest.mark.slow
+def test_immediate_rule_is_checked(session):
+    """A bucketer that defers even oversized inputs to flush() breaks the documented order."""
+    spec = "conformance.adapters.bucketer:Reversed"  # defers everything
+    with pytest.raises(ConformanceError, match="must be reduced before its call returns"):
+        driver.check(_get(OVERSIZED), spec, session)
