@@ -9,12 +9,11 @@ Bucket-cap scenarios stay: they need `bucket_cap_mb`, which only refimpl-sharded
 (FSDP's unit of communication is the wrapped module, not a byte cap), so FSDP skips them
 with the capability named.
 
-Buffers: a model whose *forward reads a buffer that forward also updates* ("buffered") is
-only data-parallel-correct with DDP's rank-0 broadcast before every forward; these scenarios
-require `broadcast_buffers`. FSDP1/FSDP2 sync buffers once at construction and never again,
-so they skip them with the capability named. (BatchNorm in train mode normalizes with batch
-statistics, so the gradients do not depend on the running buffers, and rank 0's own running
-stats are what the oracle expects: those scenarios apply to every sharded implementation.)
+Buffers: the oracle models DDP's rule (rank 0's buffers broadcast before every forward, and
+every rank's buffers checked after each step). Scenarios whose model has buffers ("buffered":
+forward reads a buffer it updates; "cnn-bn": BatchNorm running statistics) therefore require
+`broadcast_buffers`. FSDP1/FSDP2 sync buffers once at construction and never again (each
+rank keeps its own running statistics), so they skip them with the capability named.
 
 Exactness: as for DDP — bitwise at world size <= 2 (sharding changes where the sum of two
 terms is computed, not its value), tolerance scaled by the summands at 3 and 4.
@@ -26,8 +25,8 @@ from conformance.catalogue import ddp
 from conformance.spec import Capability as C
 from conformance.spec import Scenario
 
-# Models whose forward reads a buffer that forward updates (see the module docstring).
-BUFFER_READING_MODELS = {"buffered"}
+# Models with buffers that training updates (see the module docstring).
+BUFFER_READING_MODELS = {"buffered", "cnn-bn"}
 # The quick profile is part of every default `gradparity run` (three sharded adapters):
 # one scenario per concern; the DDP catalogue's other quick ones run in standard.
 QUICK_IDS = {

@@ -1,0 +1,71 @@
+"""The sharded area: the DDP catalogue re-labelled and filtered, honest capabilities, and
+refimpl-sharded / FSDP / FSDP2 driven through the DDP runner on warm pools."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import catalogue
+from conformance.adapters import registry
+from conformance.compare import ConformanceError
+from conformance.runners import ddp as driver
+from conformance.spec import Capability as C
+
+
+def _get(scenario_id):
+    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
+
+
+def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
+    full = catalogue.select(area="sharded", profile="full")
+    assert all(s.id.startswith("sharded/") and s.area == "sharded" for s in full)
+    assert not any(s.options.comm_hook or s.options.static_graph or s.options.gradient_as_bucket_view for s in full)
+    assert not any(C.SPARSE in s.requires for s in full)
+    ddp_ids = {s.id.replace("ddp/", "sharded/", 1) for s in catalogue.select(area="ddp", profile="full")}
+    assert {s.id for s in full} <= ddp_ids
+    assert all(C.BUFFER_BROADCAST in s.requires for s in full if s.model in ("buffered", "cnn-bn"))
+    assert {s.world_size for s in catalogue.select(area="sharded", profile="standard")} == {1, 2, 3, 4}
+    quick = catalogue.select(area="sharded", profile="quick")
+    assert 3 <= len(quick) <= 6
+
+
+def test_capabilities_are_declared_per_adapter():
+    ref, fsdp, fsdp2 = (registry.load(n) for n in ("refimpl-sharded", "torch-fsdp", "torch-fsdp2"))
+    assert {a.area for a in (ref, fsdp, fsdp2)} == {"sharded"}
+    assert C.BUCKET_CAP in ref.capabilities and C.BUFFER_BROADCAST in ref.capabilities
+    for a in (fsdp, fsdp2):
+        assert C.NO_SYNC in a.capabilities
+        assert C.BUCKET_CAP not in a.capabilities and C.BUFFER_BROADCAST not in a.capabilities
+        assert C.SPARSE not in a.capabilities
+
+
+@pytest.fixture(scope="module")
+def session():
+    from conformance.harness.pool import PoolManager
+
+    pools = PoolManager()
+    yield SimpleNamespace(pools=pools, timeout_scale=2.0)
+    pools.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario_id", [
+    "sharded/adam/mlp/w2/fp32", "sharded/no-sync/mlp/w2/fp32", "sharded/bucket-over-cap/big-param/w2/fp32",
+    "sharded/unused-on-rank1/branches/w2/fp32",
+])
+def test_refimpl_sharded_conforms(session, scenario_id):
+    assert driver.check(_get(scenario_id), "refimpl-sharded", session).comparisons > 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["torch-fsdp", "torch-fsdp2"])
+def test_torch_fsdp_conforms_on_the_basics(session, adapter):
+    for scenario_id in ("sharded/plain/mlp/w2/fp32", "sharded/no-sync/mlp/w2/fp32"):
+        assert driver.check(_get(scenario_id), adapter, session).comparisons > 5
+
+
+@pytest.mark.slow
+def test_fsdp_zero_filled_grads_are_reported(session):
+    """FSDP1's flat gradient zero-fills a parameter no rank used (the contract wants None)."""
+    with pytest.raises(ConformanceError, match=r"never\.weight: expected grad None"):
+        driver.check(_get("sharded/unused-on-all/branches/w2/fp32"), "torch-fsdp", session)
