@@ -37,7 +37,7 @@ def run(payload, ctx) -> dict:
         log: list[tuple] = []
         kept: dict[int, list[torch.Tensor]] = {}
 
-        def callback(out, i):
+        def callback(out, i, log=log, kept=kept):
             log.append(("callback", i, out.detach().to("cpu", copy=True)))
             kept.setdefault(i, []).append(out)
 
@@ -155,7 +155,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                     fail(rank, where, f"call {i}: the result handed to the callback changed after a later "
                                       "flush (it must stay valid)", [m])
             # Order 4a: immediate where documented.
-            for i, (pos, during) in sorted(seen.items()):
+            for i, (_pos, during) in sorted(seen.items()):
                 if must_be_immediate(scenario, calls[i]) and during != i:
                     when = "during flush()" if during is None else f"during call {during}"
                     fail(rank, where, f"call {i} ({calls[i].numel} elements > one shard of the bucket, or bucketing "
