@@ -27,6 +27,12 @@ the last synced backward, *including* ``no_sync`` micro-batches (pytorch/pytorch
 is all-reduced with find_unused_parameters so a parameter no rank used keeps its ``.grad``
 untouched (``None`` stays ``None``), while one used by some ranks gets the average with zero
 contributions from the others.
+
+[Note: a rank that uses no parameter] With find_unused_parameters, a rank whose forward
+reaches no parameter at all gets no gradient hook in its backward, so nothing would ever
+launch its buckets and the other ranks would wait forever or mismatch collectives
+(pytorch/pytorch#40566). The graph walk tells us this at the end of forward, so the reducer
+contributes zeros for every bucket right there, in bucket order, and finalizes.
 """
 
 from __future__ import annotations
@@ -243,6 +249,16 @@ class Reducer:
             self._unused_at_start = []
         self._state = _PREPARED
         self._base_ns = _now()
+        if self._find_unused and not self._static and len(self._unused_at_start) == n:
+            self._reduce_without_backward()
+
+    def _reduce_without_backward(self) -> None:
+        """See [Note: a rank that uses no parameter]."""
+        self._state = _BACKWARD
+        params = self._params
+        for j in self._unused_at_start:
+            self._mark_ready(j, params[j])
+        self._finalize()
 
     # ------------------------------------------------------------ hook path
     def _on_grad(self, i: int, p: torch.Tensor) -> None:

@@ -73,9 +73,24 @@ class DDPLikeWrapped:
     def optimizer_parameters(self) -> Iterable[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
-    def backward_stats(self):
+    def backward_stats(self) -> dict | None:
+        """The last backward's bucket timeline, if the implementation reports one.
+
+        Either a `backward_stats()` dict, or refimpl's `get_backward_stats()`; each bucket gets
+        a `ready_ns` (its first gradient's arrival) so the report can draw fill vs in-flight.
+        """
         stats = getattr(self.ddp, "backward_stats", None)
-        return stats() if callable(stats) else None
+        if callable(stats):
+            return stats()
+        getter = getattr(self.ddp, "get_backward_stats", None)
+        if not callable(getter):
+            return None
+        data = getter().as_dict()
+        ready = data.get("param_ready_ns") or []
+        for bucket in data.get("buckets", []):
+            times = [ready[i] for i in bucket.get("param_indices", []) if i < len(ready) and ready[i] is not None]
+            bucket["ready_ns"] = min(times) if times else bucket.get("launch_ns")
+        return data
 
 
 class DDPLikeAdapter:

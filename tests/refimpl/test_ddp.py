@@ -33,7 +33,9 @@ class Net(nn.Module):
         self.frozen = nn.Linear(4, 4, dtype=dtype).requires_grad_(False)
         self.register_buffer("scale", torch.ones(4, dtype=dtype))
 
-    def forward(self, x, use_b=True):
+    def forward(self, x, use_b=True, idle=False):
+        if idle:  # a forward that reaches no parameter (pytorch/pytorch#40566)
+            return x[:, :4].clone().requires_grad_(True) * 1.0
         h = torch.relu(self.a(x))
         if use_b:
             h = torch.relu(self.b(h))
@@ -207,6 +209,9 @@ def _unused(rank, W):
     for kw in [{"find_unused_parameters": True},
                {"find_unused_parameters": True, "gradient_as_bucket_view": True}]:
         check(rank, W, Net, kw, loss_fn=early, micro=2, torch_too=False, label=f"69031 {kw}")
+    # a rank whose forward uses no parameter at all (pytorch/pytorch#40566: torch aborts)
+    idle = lambda m, x, r, k: mse(m, x, r, idle=(r == 1))  # noqa: E731
+    check(rank, W, Net, {"find_unused_parameters": True}, loss_fn=idle, torch_too=False, label="40566")
     # rank-dependent: b used only in rank 1's no_sync micro-batch
     mixed = lambda m, x, r, k: mse(m, x, r, use_b=(k == 0 and r == 1))  # noqa: E731
     check(rank, W, Net, {"find_unused_parameters": True}, loss_fn=mixed, micro=2, torch_too=False,
