@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from refimpl.bucketer import ReduceScatterBucketer
+from refimpl.unused_params import reaches_any
 
 __all__ = ["ReduceState", "ShardedDataParallel", "ShardedOptimizer"]
 
@@ -162,6 +163,7 @@ class ShardedDataParallel(nn.Module):
         self._slots, self._flats = self._build_shards()
         self._hooks = [slot.param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
                        for slot in self._slots]
+        self._param_ids = {id(slot.param) for slot in self._slots}
 
     # --- construction -----------------------------------------------------------------------
     def _build_shards(self) -> tuple[list[_Slot], list[_FlatShard]]:
@@ -211,7 +213,13 @@ class ShardedDataParallel(nn.Module):
             with torch.no_grad():
                 self._broadcast(list(self.module.buffers()))
         self._sync_backward = self._sync
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        if self._sync_backward and torch.is_grad_enabled() and not reaches_any(out, self._param_ids):
+            # This rank's backward will fire no gradient hook, yet the other ranks expect its
+            # share of every collective (pytorch/pytorch#40566): reduce now, in the same order.
+            self._state = ReduceState.REDUCE_QUEUED
+            self._reduce_gradients()
+        return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

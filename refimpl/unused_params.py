@@ -51,6 +51,39 @@ def unreached_params(outputs: Sequence[torch.Tensor], index_of: Mapping[int, int
     return [i for i, r in enumerate(reached) if not r]
 
 
+def reaches_any(outputs, param_ids: set[int]) -> bool:
+    """Whether any tensor in ``outputs`` (nested in tuples, lists, dicts) depends on a parameter.
+
+    Stops at the first parameter found, so it is cheap for ordinary models; it exists for the
+    rank whose forward uses no parameter at all (pytorch/pytorch#40566).
+    """
+    stack, seen = [], set()
+    pending = [outputs]
+    while pending:
+        obj = pending.pop()
+        if isinstance(obj, torch.Tensor):
+            if id(obj) in param_ids:
+                return True
+            if obj.grad_fn is not None:
+                stack.append(obj.grad_fn)
+        elif isinstance(obj, (list, tuple)):
+            pending.extend(obj)
+        elif isinstance(obj, dict):
+            pending.extend(obj.values())
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)
+        if var is not None:
+            if id(var) in param_ids:
+                return True
+            continue
+        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None and nxt not in seen)
+    return False
+
+
 def unused_parameters_error(names: list[str]) -> RuntimeError:
     return RuntimeError(
         f"parameters {names} did not receive a gradient in this backward, so their buckets could "
