@@ -24,16 +24,26 @@ __all__ = [
 ]
 
 
-def unreached_params(outputs: Sequence[torch.Tensor], index_of: Mapping[int, int], n: int) -> list[int]:
-    """Indices of parameters (``index_of``: ``id(param) -> index``) no output depends on."""
-    reached = [False] * n
-    seen = set()
-    stack = []
-    for t in outputs:
+def _tensors(obj):
+    """Tensors nested in tuples, lists and dicts (a forward's outputs)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
+def _reachable_leaves(outputs):
+    """Every leaf tensor the autograd graph of ``outputs`` reaches (outputs that are leaves too)."""
+    stack, seen = [], set()
+    for t in _tensors(outputs):
         if t.grad_fn is not None:
             stack.append(t.grad_fn)
-        elif id(t) in index_of:
-            reached[index_of[id(t)]] = True
+        else:
+            yield t
     while stack:
         fn = stack.pop()
         if fn in seen:
@@ -41,13 +51,18 @@ def unreached_params(outputs: Sequence[torch.Tensor], index_of: Mapping[int, int
         seen.add(fn)
         var = getattr(fn, "variable", None)
         if var is not None:  # AccumulateGrad: a leaf
-            i = index_of.get(id(var))
-            if i is not None:
-                reached[i] = True
+            yield var
             continue
-        for nxt, _ in fn.next_functions:
-            if nxt is not None and nxt not in seen:
-                stack.append(nxt)
+        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None and nxt not in seen)
+
+
+def unreached_params(outputs: Sequence[torch.Tensor], index_of: Mapping[int, int], n: int) -> list[int]:
+    """Indices of parameters (``index_of``: ``id(param) -> index``) no output depends on."""
+    reached = [False] * n
+    for leaf in _reachable_leaves(outputs):
+        i = index_of.get(id(leaf))
+        if i is not None:
+            reached[i] = True
     return [i for i, r in enumerate(reached) if not r]
 
 
@@ -57,31 +72,7 @@ def reaches_any(outputs, param_ids: set[int]) -> bool:
     Stops at the first parameter found, so it is cheap for ordinary models; it exists for the
     rank whose forward uses no parameter at all (pytorch/pytorch#40566).
     """
-    stack, seen = [], set()
-    pending = [outputs]
-    while pending:
-        obj = pending.pop()
-        if isinstance(obj, torch.Tensor):
-            if id(obj) in param_ids:
-                return True
-            if obj.grad_fn is not None:
-                stack.append(obj.grad_fn)
-        elif isinstance(obj, (list, tuple)):
-            pending.extend(obj)
-        elif isinstance(obj, dict):
-            pending.extend(obj.values())
-    while stack:
-        fn = stack.pop()
-        if fn in seen:
-            continue
-        seen.add(fn)
-        var = getattr(fn, "variable", None)
-        if var is not None:
-            if id(var) in param_ids:
-                return True
-            continue
-        stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None and nxt not in seen)
-    return False
+    return any(id(leaf) in param_ids for leaf in _reachable_leaves(outputs))
 
 
 def unused_parameters_error(names: list[str]) -> RuntimeError:

@@ -2,7 +2,6 @@
 known-bad bucketers (callback twice, lost callback, wrong chunk, no reduction, reversed order,
 overwritten results) each caught with a message that says what is wrong."""
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -57,15 +56,6 @@ def test_fairscale_unavailable_gives_the_reason(monkeypatch):
         assert reason and "fairscale cannot be imported" in reason and "pip install" in reason
     finally:
         mod._import_fairscale.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def session():
-    from conformance.harness.pool import PoolManager
-
-    pools = PoolManager()
-    yield SimpleNamespace(pools=pools, timeout_scale=2.0)
-    pools.close()
 
 
 @pytest.mark.slow

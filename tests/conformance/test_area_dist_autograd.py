@@ -1,7 +1,6 @@
 """The dist_autograd area: catalogue shape, the local oracle, refimpl and torch on warm RPC pools,
 and a known-bad implementation (one send's gradients lost) caught with a useful message."""
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -35,15 +34,6 @@ def test_oracle_is_local_autograd():
     assert grads["x@worker0"].equal(L["w"].detach()) and grads["w@worker0"].equal(L["x"].detach())
     unused = driver.oracle(_get("dist_autograd/unused-arg/w2/fp64"), "unused-arg")
     assert unused["w@worker0"] is None and unused["x@worker0"].eq(3).all()
-
-
-@pytest.fixture(scope="module")
-def session():
-    from conformance.harness.pool import PoolManager
-
-    pools = PoolManager()
-    yield SimpleNamespace(pools=pools, timeout_scale=2.0)
-    pools.close()
 
 
 @pytest.mark.slow

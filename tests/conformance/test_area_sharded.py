@@ -1,7 +1,6 @@
 """The sharded area: the DDP catalogue re-labelled and filtered, honest capabilities, and
 refimpl-sharded / FSDP / FSDP2 driven through the DDP runner on warm pools."""
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -37,15 +36,6 @@ def test_capabilities_are_declared_per_adapter():
         assert C.NO_SYNC in a.capabilities
         assert C.BUCKET_CAP not in a.capabilities and C.BUFFER_BROADCAST not in a.capabilities
         assert C.SPARSE not in a.capabilities
-
-
-@pytest.fixture(scope="module")
-def session():
-    from conformance.harness.pool import PoolManager
-
-    pools = PoolManager()
-    yield SimpleNamespace(pools=pools, timeout_scale=2.0)
-    pools.close()
 
 
 @pytest.mark.slow

@@ -6,63 +6,14 @@ Every rank recomputes every rank's inputs from seeds, so it knows the exact expe
 
 from __future__ import annotations
 
-import datetime
-import os
-import pickle
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _refimpl_world import run_world
 
 from refimpl.bucketer import BucketState, ReduceScatterBucketer
 
 WORLD_TIMEOUT_S = 60
-
-
-# --- a small spawn helper (duplicated in test_sharded.py so each file stands alone) ---------
-def _rank_entry(rank, fn, world_size, port, out_dir, args):
-    torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=30)
-    store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
-    try:
-        result = fn(rank, world_size, *args)
-        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(result, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_world(fn, world_size, tmp_path, *args, timeout=WORLD_TIMEOUT_S):
-    """Run ``fn(rank, world_size, *args)`` on every rank of a fresh gloo world; return results.
-
-    A rank that raises fails the test with its traceback; a rank that hangs is killed after
-    ``timeout`` seconds; a rank that exits without a result is a failure too.
-    """
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
-                          wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
-    ctx = mp.start_processes(_rank_entry, args=(fn, world_size, store.port, str(tmp_path), args),
-                             nprocs=world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"world of {world_size} ranks running {fn.__name__} did not "
-                                   f"finish in {timeout} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-    results = []
-    for rank in range(world_size):
-        path = tmp_path / f"rank{rank}.pkl"
-        assert path.exists(), f"rank {rank} of {fn.__name__} exited without a result"
-        results.append(pickle.loads(path.read_bytes()))
-    return results
 
 
 # --- rank-side checks -------------------------------------------------------------------------
@@ -234,7 +185,7 @@ def _bucketer_checks(rank, world_size, group, other):
 def test_bucketed_reduce_scatter_equals_exact_sum(tmp_path):
     """Groups of size 1, 2 and 3 inside one 3-rank world (spawning a world per size costs ~3 s
     each, more on a 2-core machine)."""
-    results = run_world(_bucketer_checks_all_sizes, 3, tmp_path)
+    results = run_world(_bucketer_checks_all_sizes, 3, timeout=WORLD_TIMEOUT_S)
     assert sorted(results[0]) == [1, 2, 3], results[0]
     assert sorted(results[1]) == [2, 3] and sorted(results[2]) == [3], results
     for per_rank in results:
