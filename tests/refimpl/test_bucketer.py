@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from _refimpl_world import run_world
 
 from refimpl.bucketer import BucketState, ReduceScatterBucketer
+from tests.refimpl._refimpl_world import run_world
 
 WORLD_TIMEOUT_S = 60
 

@@ -13,12 +13,12 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from _refimpl_world import run_world
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from refimpl import DistributedDataParallel as DDP
 from refimpl.comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from tests.refimpl._refimpl_world import run_world
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from _refimpl_world import run_world
 from torch import nn
 
 from refimpl.sharded import ShardedDataParallel
+from tests.refimpl._refimpl_world import run_world
 
 WORLD_TIMEOUT_S = 90
 

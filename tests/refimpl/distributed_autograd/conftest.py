@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from dist_autograd_world import RpcWorld
+
+from tests.refimpl.distributed_autograd.dist_autograd_world import RpcWorld
 
 _state: dict[str, RpcWorld] = {}
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 import torch
-from dist_autograd_world import worker_name
 
 from refimpl.distributed_autograd.context import ContextContainer
+from tests.refimpl.distributed_autograd.dist_autograd_world import worker_name
 
 
 def test_ids_carry_worker_id_in_high_bits():

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 
-import dist_autograd_cases as cases
 import pytest
 import torch
-from dist_autograd_world import worker_name
 
 from refimpl.distributed_autograd.engine import validate_roots
+from tests.refimpl.distributed_autograd import dist_autograd_cases as cases
+from tests.refimpl.distributed_autograd.dist_autograd_world import worker_name
 
 
 @pytest.mark.parametrize(

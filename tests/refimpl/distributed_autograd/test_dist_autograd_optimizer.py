@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import dist_autograd_ps as ps
 import pytest
 import torch
-from dist_autograd_world import worker_name
+
+from tests.refimpl.distributed_autograd import dist_autograd_ps as ps
+from tests.refimpl.distributed_autograd.dist_autograd_world import worker_name
 
 
 def _local_reference(seed_a, seed_b, dim, x, steps, lr):
