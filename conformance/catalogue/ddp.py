@@ -90,6 +90,11 @@ def make(
 
 
 FUF = WrapOptions(find_unused_parameters=True)
+# Models with parameters whose true gradient is exactly zero (attention's key bias; a conv
+# bias feeding BatchNorm). With 3+ ranks the gradient is rounding noise of a different
+# summation order, and Adam (which normalizes by its magnitude) turns that noise into
+# full-size steps: such pairs are not a meaningful check, so Adam runs them at 1-2 ranks only.
+ZERO_GRADIENT_MODELS = frozenset({"transformer", "cnn-bn"})
 
 
 def scenarios(area: str = "ddp") -> list[Scenario]:
@@ -166,9 +171,7 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
     for model in ("mlp", "transformer", "cnn-bn", "tied", "many-tiny", "mixed-dtype"):
         for w in (1, 2, 3, 4):
             for opt in ("sgd", "adam"):
-                if opt == "adam" and w > 2 and model == "transformer":
-                    # Attention's key bias has a true gradient of zero; Adam turns the
-                    # rounding noise of a different summation order into full-size steps.
+                if opt == "adam" and w > 2 and model in ZERO_GRADIENT_MODELS:
                     continue
                 out.append(m(f"sweep-{opt}", model, w=w, optimizer=opt, steps=3, profiles=FULL))
     for w in (1, 2, 3, 4):
