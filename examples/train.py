@@ -64,6 +64,9 @@ def main() -> None:
     if rank == 0:
         stats = ddp.get_backward_stats()
         print(f"done: {len(ddp.bucket_plan)} bucket(s), comm overlapped with backward: {stats.overlap_fraction():.0%}")
+    # Every rank finishes its last collective before any rank tears the group down: without
+    # this, gloo can abort at exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
