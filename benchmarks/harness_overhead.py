@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer scenarios and repeats")
     parser.add_argument("--adapter", default="torch-ddp")
     args = parser.parse_args()
-    scenarios = [s for s in catalogue.select(profile="quick", world_sizes=[2]) if not s.upstream]
+    scenarios = [s for s in catalogue.select(area="ddp", profile="quick", world_sizes=[2]) if not s.upstream]
     scenarios = scenarios[:4] if args.quick else scenarios
     warm_rows, echo = warm(scenarios, args.adapter, 1 if args.quick else 3)
     cold_rows = cold(scenarios[: 3 if args.quick else 6], args.adapter)
