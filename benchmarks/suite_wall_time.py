@@ -24,7 +24,7 @@ def main() -> None:
     rows = []
     for profile in args.profiles:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "conformance.cli", "run", "--profile", profile, "--report-dir", tmp, "-q"]
+            cmd = [sys.executable, "-m", "conformance.cli", "run", "--profile", profile, "--report-dir", tmp]
             for a in adapters:
                 cmd += ["--adapter", a]
             if args.workers:
@@ -32,6 +32,8 @@ def main() -> None:
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True)
             wall = time.perf_counter() - t0
+            if not os.path.exists(os.path.join(tmp, "gradparity.json")):
+                sys.exit(f"{profile}: no report written (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
             with open(os.path.join(tmp, "gradparity.json")) as fh:
                 summary = json.load(fh)["summary"]
         rows.append({"profile": profile, "adapters": adapters, "workers": args.workers or 0, "wall_s": wall,
