@@ -32,6 +32,7 @@ from torch import nn
 from .bucketing import DEFAULT_BUCKET_CAP_BYTES
 from .reducer import Reducer
 from .reducer_stats import BackwardStats
+from .unused_params import find_tensors
 
 __all__ = ["DistributedDataParallel"]
 
@@ -174,7 +175,7 @@ class DistributedDataParallel(nn.Module):
         if sync:
             self.require_forward_param_sync = True
             walk = self.find_unused_parameters and not self.static_graph
-            self.reducer.prepare_for_backward(list(_find_tensors(output)) if walk else ())
+            self.reducer.prepare_for_backward(list(find_tensors(output)) if walk else ())
         else:
             self.require_forward_param_sync = False
         return output
@@ -236,17 +237,6 @@ def _broadcast_from_rank0(tensors: list[torch.Tensor], group: dist.ProcessGroup)
             n = t.numel()
             t.copy_(flat[offset : offset + n].view_as(t))
             offset += n
-
-
-def _find_tensors(obj) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _find_tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _find_tensors(x)
 
 
 def _to_device(obj, device):

@@ -24,22 +24,22 @@ __all__ = [
 ]
 
 
-def _tensors(obj):
+def find_tensors(obj):
     """Tensors nested in tuples, lists and dicts (a forward's outputs)."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            yield from _tensors(item)
+            yield from find_tensors(item)
     elif isinstance(obj, dict):
         for item in obj.values():
-            yield from _tensors(item)
+            yield from find_tensors(item)
 
 
 def _reachable_leaves(outputs):
     """Every leaf tensor the autograd graph of ``outputs`` reaches (outputs that are leaves too)."""
     stack, seen = [], set()
-    for t in _tensors(outputs):
+    for t in find_tensors(outputs):
         if t.grad_fn is not None:
             stack.append(t.grad_fn)
         else:
