@@ -32,11 +32,27 @@ def _e(text) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _matrix(report: dict) -> str:
-    adapters = [a["spec"] for a in report["adapters"]]
+def _matrices(report: dict) -> str:
+    """One matrix per area, with only the adapters that ran there (no columns of n/a)."""
+    by_area: dict[str, list[dict]] = defaultdict(list)
+    for r in report["results"]:
+        by_area[r["area"]].append(r)
+    parts = []
+    for area in sorted(by_area):
+        results = by_area[area]
+        adapters = [a["spec"] for a in report["adapters"] if any(r["adapter"] == a["spec"] for r in results)]
+        counts = defaultdict(int)
+        for r in results:
+            counts[r["verdict"]] += 1
+        tally = ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))
+        parts.append(f"<h3>{_e(area)} <small>({len(results)} cases: {_e(tally)})</small></h3>" + _matrix(results, adapters))
+    return "".join(parts)
+
+
+def _matrix(results: list[dict], adapters: list[str]) -> str:
     cells: dict[str, dict[str, dict]] = defaultdict(dict)
     meta: dict[str, dict] = {}
-    for r in report["results"]:
+    for r in results:
         cells[r["scenario"]][r["adapter"]] = r
         meta[r["scenario"]] = r
     rows = []
@@ -118,7 +134,7 @@ world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 </table>
 <h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th></tr>{adapters}</table>
 <h2>Matrix ({s['total']} cases)</h2><p class="legend">{legend}</p>
-{_matrix(report)}
+{_matrices(report)}
 <h2>Failures</h2>{failures or '<p>None.</p>'}
 {('<h2>Bucket timelines</h2>' + timelines) if timelines else ''}
 </body></html>"""
