@@ -21,6 +21,7 @@ the result is bitwise what a correct implementation produces.
 from __future__ import annotations
 
 import functools
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -42,11 +43,10 @@ class Expected:
     micro: int
     synced: bool
     per_rank: list[dict[str, Tensor | None]]
-    buffers: dict[str, Tensor] = field(default_factory=dict)  # rank 0's, after a step
-    # every rank's buffers after a step: rank 0's state at the forward, then the rank's own
-    # update. Only modelled for one micro-batch per step (under no_sync, DDP skips the
-    # broadcast at the next forward, so ranks other than 0 keep their own state).
-    rank_buffers: list[dict[str, Tensor]] | None = None
+    # After a step, what each rank's buffers must be: rank 0's state at the forward, then the
+    # rank's own update. Ranks other than 0 are only modelled (not None) with one micro-batch
+    # per step: under no_sync, DDP skips the broadcast at the next forward.
+    buffers: list[dict[str, Tensor] | None] = field(default_factory=list)
 
     def where(self) -> str:
         if self.kind == "step":
@@ -63,15 +63,19 @@ class Baseline:
     events: list[Expected]
 
 
+_THREADS_LOCK = threading.Lock()  # torch's thread count is process-global
+
+
 @contextmanager
 def _single_thread():
     """Compute as the ranks do (one intra-op thread), so kernels reduce in the same order."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    with _THREADS_LOCK:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
 
 def _dense(t: Tensor | None) -> Tensor | None:
@@ -158,8 +162,8 @@ def _compute(scenario: Scenario) -> Baseline:
                 p.grad = None if g is None else g.clone()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        per_rank = after_forward if scenario.micro_batches == 1 else None
-        baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=buffers(), rank_buffers=per_rank))
+        per_rank = after_forward if scenario.micro_batches == 1 else [buffers()] + [None] * (W - 1)
+        baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=per_rank))
     return baseline
 
 

@@ -81,13 +81,9 @@ def check_records(scenario: Scenario, adapter: str, baseline: Baseline, records:
             count += 1
             if bad:
                 fail(rank, expected.where(), what, bad)
-            if expected.kind == "step" and scenario.buffer_rule == "rank0-broadcast":
-                if rank == 0:
-                    bad = compare_dicts(expected.buffers, actual["buffers"], tol)
-                elif expected.rank_buffers is not None:
-                    bad = compare_dicts(expected.rank_buffers[rank], actual["buffers"], tol)
-                else:
-                    bad = []
+            wanted = expected.buffers[rank] if expected.buffers else None
+            if wanted is not None and scenario.buffer_rule == "rank0-broadcast":
+                bad = compare_dicts(wanted, actual["buffers"], tol)
                 if bad:
                     fail(rank, expected.where(),
                          "buffers differ from the oracle (rule: rank 0's buffers are broadcast before each forward)", bad)

@@ -187,11 +187,6 @@ def _could_run_here(entry: str, gp: Session) -> bool:
     return True
 
 
-@pytest.fixture
-def gp_session(request) -> Session:
-    return request.config._gradparity
-
-
 def run_case(request, area: str) -> None:
     """The body of every suite test: run the case through its area's driver."""
     spec, scenario = request.getfixturevalue("gp_case")

@@ -4,10 +4,9 @@ Runs every scenario of a profile against the controls (torch's DDP, the zoo's co
 `BucketedDDP`, refimpl's DDP) and against every mutant of `conformance.fixtures.mutants`,
 then builds the detection table: mutant -> the scenarios that catch it.
 
-Cases run on the same warm rank pools, rank-side runner (`conformance.runners.ddp:run`),
-oracle (`baseline.compute`) and contract checker (`contract.check_records`) as
-`gradparity run`; the zoo drives them itself because it needs every rank's backward stats
-for *failed* cases too (the pytest path only reports them for passing ones).
+Cases run on the same warm rank pools, rank-side task and judge (`conformance.runners.ddp`)
+as `gradparity run`; the zoo dispatches them itself (not through pytest) because it needs
+each case's outcome kind (wrong values, hang, crash) and every rank's backward stats.
 
 When does a scenario *catch* a mutant? All of:
   1. the case failed: wrong values (`ConformanceError`), or a rank raised, died or hung;
@@ -32,18 +31,19 @@ import queue
 import threading
 import time
 
-from conformance import catalogue, contract
+from conformance import catalogue
 from conformance.adapters import registry
 from conformance.adapters.protocol import missing_capabilities
 from conformance.compare import ConformanceError
+from conformance.expectations import builtin_xfails, read_expectations
 from conformance.fixtures import mutants as zoo_mutants
+from conformance.report.record import case_id, case_record
+from conformance.runners import ddp as ddp_driver
 from conformance.spec import Scenario
 
 SCHEMA = "gradparity.zoo/1"
 BASE = registry.ddp_class_spec(zoo_mutants.BASE)
 CONTROLS = ("torch-ddp", BASE, "refimpl-ddp")
-XFAILS_DIR = os.path.join(os.path.dirname(__file__), "adapters", "xfails")
-_BASELINE_LOCK = threading.Lock()  # the oracle sets torch's global thread count
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,39 +58,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- running ----------------------------------------------------------------------------------
 def _expected_failures(adapter_name: str) -> dict[str, str]:
-    from conformance.plugin import read_expectations
-
-    path = os.path.join(XFAILS_DIR, f"{adapter_name}.txt")
-    return read_expectations(path) if os.path.exists(path) else {}
+    path = builtin_xfails(adapter_name)
+    return read_expectations(path) if path else {}
 
 
 def _run_case(pools, spec: str, scenario: Scenario, timeout_scale: float) -> dict:
-    from conformance import baseline
     from conformance.harness.context import choose_topology
 
     t0 = time.perf_counter()
     topology = choose_topology(scenario.world_size, scenario.device)
     outcome = pools.get(topology).run(
-        "conformance.runners.ddp:run", (scenario, spec),
+        ddp_driver.TASK, (scenario, spec),
         timeout=scenario.timeout_s * timeout_scale, label=f"{scenario.id} with {spec}",
     )
     stats = {r: v.get("backward_stats") for r, v in outcome.values.items() if isinstance(v, dict)}
     fired = [s.get("mutation_fired", 0) for s in stats.values() if isinstance(s, dict)]
     result = {"verdict": "passed", "kind": "", "message": "", "records": len(outcome.values),
               "fired": sum(fired) if fired else None, "comparisons": None, "accepted_error": None}
-    if not outcome.ok:
-        kinds = {f.kind for f in outcome.failures.values()}
-        result.update(verdict="failed", kind="hang" if "timeout" in kinds else "crash",
-                      message=f"[{scenario.id}] adapter {spec}: the run failed on {topology.key()}\n"
-                              f"{outcome.render_failures()}"[:6000])
-    else:
-        try:
-            with _BASELINE_LOCK:
-                expected = baseline.compute(scenario)
-            checked = contract.check_records(scenario, spec, expected, outcome.values)
-            result.update(comparisons=checked.comparisons, accepted_error=checked.accepted_error)
-        except ConformanceError as exc:
-            result.update(verdict="failed", kind="wrong", message=str(exc)[:6000])
+    try:
+        checked = ddp_driver.judge(scenario, spec, outcome, where=topology.key())
+        result.update(comparisons=checked.comparisons, accepted_error=checked.accepted_error)
+    except ConformanceError as exc:
+        if outcome.ok:
+            kind = "wrong"
+        else:
+            kind = "hang" if "timeout" in {f.kind for f in outcome.failures.values()} else "crash"
+        result.update(verdict="failed", kind=kind, message=str(exc)[:6000])
     result["duration_s"] = round(time.perf_counter() - t0, 4)
     result["details"] = {"backward_stats": stats.get(0), "fired_per_rank": {str(r): s.get("mutation_fired") for r, s in stats.items() if isinstance(s, dict)}}
     return result
@@ -98,16 +91,8 @@ def _run_case(pools, spec: str, scenario: Scenario, timeout_scale: float) -> dic
 
 def _record(spec: str, scenario: Scenario, **fields) -> dict:
     """A result in the shape of the suite's JSON report (so its HTML matrix renders it)."""
-    base = {
-        "case": f"{spec}|{scenario.id}", "adapter": spec, "scenario": scenario.id, "area": scenario.area,
-        "world_size": scenario.world_size, "device": scenario.device, "dtype": scenario.dtype,
-        "options": scenario.options.describe(), "profiles": sorted(scenario.profiles),
-        "tolerance": scenario.tolerance.describe(), "tolerance_reason": scenario.tolerance.reason,
-        "seed": scenario.seed, "upstream": scenario.upstream, "description": scenario.description,
-        "verdict": "passed", "message": "", "duration_s": 0.0, "comparisons": None, "accepted_error": None,
-        "details": {}, "kind": "", "records": 0, "fired": None,
-    }
-    return base | fields
+    base = case_record(spec, scenario, verdict="passed", message="", duration_s=0.0)
+    return base | {"kind": "", "records": 0, "fired": None} | fields
 
 
 def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, timeout_scale: float,
@@ -131,7 +116,7 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
                 why = f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}" if missing else "other area"
                 results.append(_record(spec, s, verdict="skipped", message=why))
             else:
-                todo.put((spec, s, xfails.get(f"{spec}|{s.id}") or xfails.get(s.id)))
+                todo.put((spec, s, xfails.get(case_id(spec, s)) or xfails.get(s.id)))
     total, lock = todo.qsize(), threading.Lock()
 
     def worker():

@@ -28,7 +28,7 @@ def _oracle():
     grads = {"w": torch.tensor([[0.5, 1.5], [-2.0, 4.0]]), "b": torch.tensor([1.0, -0.75]), "unused": None}
     stepped = {n: p - 0.0625 * grads[n] if grads[n] is not None else p.clone() for n, p in params.items()}
     buffers = {"running": torch.tensor([1.0, 2.0])}
-    events = [Expected("backward", 0, 0, True, [grads] * W), Expected("step", 0, 0, True, [stepped] * W, buffers=buffers)]
+    events = [Expected("backward", 0, 0, True, [grads] * W), Expected("step", 0, 0, True, [stepped] * W, buffers=[buffers] * W)]
     baseline = Baseline(SCENARIO, params, buffers, events)
     records = {
         r: {
