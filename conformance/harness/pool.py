@@ -81,17 +81,15 @@ class PoolStartError(RuntimeError):
 class RankPool:
     """One warm world of `topology.world_size` rank processes."""
 
-    def __init__(self, topology: Topology, *, rpc: bool = True):
+    def __init__(self, topology: Topology):
         self.topology = topology
-        self.rpc = rpc
         self.state = PoolState.NEW
-        self.generation = 0
         self._procs: list = []
         self._conns: list = []
         self._store = None
         self._workdir: str | None = None
         self._task_id = 0
-        self.startups = 0
+        self.startups = 0  # how many worlds this pool has spawned (1 unless a task failed)
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -99,7 +97,6 @@ class RankPool:
 
         assert self.state in (PoolState.NEW, PoolState.BROKEN), f"cannot start a pool that is {self.state.value}"
         self._kill()
-        self.generation += 1
         self.startups += 1
         self._workdir = tempfile.mkdtemp(prefix=f"gradparity-{self.topology.key().replace('/', '-')}-")
         # The coordinator binds the store itself (port 0): no race with other xdist workers.
@@ -107,7 +104,8 @@ class RankPool:
             "127.0.0.1", 0, self.topology.world_size, is_master=True, wait_for_workers=False,
             timeout=timedelta(seconds=STARTUP_TIMEOUT_S),
         )
-        rpc_init = f"file://{os.path.join(self._workdir, 'rpc-rendezvous')}" if self.rpc else None
+        # A file rendezvous for torch.distributed.rpc, used only if a task calls ctx.ensure_rpc().
+        rpc_init = f"file://{os.path.join(self._workdir, 'rpc-rendezvous')}"
         ctx = mp.get_context("spawn")
         for rank in range(self.topology.world_size):
             parent, child = ctx.Pipe(duplex=True)
