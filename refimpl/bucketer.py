@@ -184,14 +184,13 @@ class ReduceScatterBucketer:
         self._buckets: dict[tuple[torch.dtype, torch.device, ProcessGroup], _Bucket] = {}
         # Counters that tests and benchmarks read; they never influence behaviour.
         self.num_collectives = 0
-        self.num_bucketed = 0
         self.num_unbucketed = 0
 
     def shard_size(self, dtype: torch.dtype, world_size: int) -> int:
         """Elements of ``dtype`` one rank's shard of a bucket holds (0: bucketing disabled)."""
         if self.bucket_cap_mb <= 0:
             return 0
-        element_size = torch.empty((), dtype=dtype).element_size()
+        element_size = dtype.itemsize
         return int(self.bucket_cap_mb * _MiB // element_size // world_size)
 
     @torch.no_grad()
@@ -243,7 +242,6 @@ class ReduceScatterBucketer:
         if numel > bucket.free:
             self.num_collectives += bucket.flush()  # make room; runs the queued callbacks
         bucket.add(inputs, callback_fn)
-        self.num_bucketed += 1
 
     @torch.no_grad()
     def flush(self) -> None:

@@ -67,7 +67,7 @@ class ParamInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _itemsize(self.dtype)
+        return self.numel * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,7 @@ class BucketPlan:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _itemsize(self.dtype)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 def _as_info(p: ParamInfo | torch.Tensor, sparse: bool) -> ParamInfo:

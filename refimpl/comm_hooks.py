@@ -40,7 +40,7 @@ class GradBucket:
     edits the buffer edits exactly those gradients.
     """
 
-    __slots__ = ("_index", "_buffer", "_params", "_views", "_is_last", "_offsets", "_lengths")
+    __slots__ = ("_index", "_buffer", "_params", "_views", "_is_last")
 
     def __init__(
         self,
@@ -49,16 +49,12 @@ class GradBucket:
         params: Sequence[torch.Tensor],
         views: Sequence[torch.Tensor],
         is_last: bool,
-        offsets: Sequence[int] = (),
-        lengths: Sequence[int] = (),
     ) -> None:
         self._index = index
         self._buffer = buffer
         self._params = list(params)
         self._views = list(views)
         self._is_last = is_last
-        self._offsets = list(offsets)
-        self._lengths = list(lengths)
 
     def index(self) -> int:
         return self._index
@@ -77,15 +73,6 @@ class GradBucket:
 
     def is_last(self) -> bool:
         return self._is_last
-
-    def offsets(self) -> list[int]:
-        return list(self._offsets)
-
-    def lengths(self) -> list[int]:
-        return list(self._lengths)
-
-    def sizes_list(self) -> list[torch.Size]:
-        return [v.shape for v in self._views]
 
     def __repr__(self) -> str:
         return (

@@ -29,10 +29,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .broadcast import broadcast_from_rank0
 from .bucketing import DEFAULT_BUCKET_CAP_BYTES
+from .nested import find_tensors, move_to
 from .reducer import Reducer
 from .reducer_stats import BackwardStats
-from .unused_params import find_tensors
 
 __all__ = ["DistributedDataParallel"]
 
@@ -139,7 +140,7 @@ class DistributedDataParallel(nn.Module):
             states = [p for n, p in module.named_parameters() if n not in ignore]
             if init_sync_buffers:
                 states += self._buffers_to_sync
-            _broadcast_from_rank0(_unique(states), self.process_group)
+            broadcast_from_rank0(_unique(states), self.process_group)
 
         sparse_weights = {
             id(m.weight)
@@ -166,11 +167,11 @@ class DistributedDataParallel(nn.Module):
             self.reducer.skip_backward()
         if self.require_forward_param_sync and self.forward_sync_buffers and self._buffers_to_sync:
             # Rank 0's buffers win (e.g. BatchNorm running stats), as in torch.
-            _broadcast_from_rank0(self._buffers_to_sync, self.process_group)
+            broadcast_from_rank0(self._buffers_to_sync, self.process_group)
         if self.device_ids:
             device = self.device
-            inputs = _to_device(inputs, device)
-            kwargs = _to_device(kwargs, device)
+            inputs = move_to(inputs, device, non_blocking=True)
+            kwargs = move_to(kwargs, device, non_blocking=True)
         output = self.module(*inputs, **kwargs)
         if sync:
             self.require_forward_param_sync = True
@@ -220,32 +221,3 @@ def _unique(tensors) -> list[torch.Tensor]:
             seen.add(id(t))
             out.append(t)
     return out
-
-
-@torch.no_grad()
-def _broadcast_from_rank0(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
-    """Broadcast ``tensors`` from group rank 0, one flat message per (dtype, device)."""
-    src = dist.get_global_rank(group, 0)
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    for same in groups.values():
-        flat = torch.cat([t.detach().reshape(-1) for t in same])
-        dist.broadcast(flat, src=src, group=group)
-        offset = 0
-        for t in same:
-            n = t.numel()
-            t.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
-
-
-def _to_device(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, tuple):
-        return tuple(_to_device(x, device) for x in obj)
-    if isinstance(obj, list):
-        return [_to_device(x, device) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj

@@ -198,11 +198,6 @@ class Reducer:
         for b in self._buckets:
             b.fuse_scale = False  # the hook receives the plain sum and divides itself
 
-    def remove_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
     def __del__(self) -> None:
         for h in getattr(self, "_handles", ()):
             h.remove()

@@ -57,7 +57,7 @@ class Bucket:
                 for off, length, shape in zip(plan.offsets, plan.lengths, plan.shapes, strict=True)
             ]
         self.grad_bucket = GradBucket(
-            plan.index, self.buffer, params, self.views, is_last, plan.offsets, plan.lengths
+            plan.index, self.buffer, params, self.views, is_last
         )
 
         # The done-callback writes into a one-slot list, not into the bucket: a closure over

@@ -32,9 +32,9 @@ same sequence of reduce-scatters on every rank (see ``refimpl.bucketer``). One s
 all-reduce of "which parameters have a gradient" first decides, identically everywhere, which
 parameters to reduce: a parameter no rank used keeps its sharded gradient unchanged (``None``
 after ``zero_grad``), just like a parameter that gets no gradient without data parallelism.
-A rank whose synced backward reaches no parameter at all never joins the reduction and the
-others wait until the process-group timeout: every rank must backward through at least one
-parameter (the same requirement as DDP).
+A rank whose synced forward reaches no parameter at all would get no gradient hook, so
+``forward`` notices it (an early-exit graph walk) and reduces right away, in the same order
+as the others (pytorch/pytorch#40566 is this case for torch's DDP).
 
 Collectives (public names): ``broadcast``, ``all_reduce``, the bucketer's reduce-scatter and
 ``all_gather_single`` (torch >= 2.10; ``all_gather_into_tensor`` before). End of backward is
@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from refimpl.broadcast import broadcast_from_rank0
 from refimpl.bucketer import ReduceScatterBucketer
 from refimpl.unused_params import reaches_any
 
@@ -150,16 +151,14 @@ class ShardedDataParallel(nn.Module):
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.world_size = self.process_group.size()
         self.rank = dist.get_rank(self.process_group)
-        self._src = dist.get_global_rank(self.process_group, 0)
         self.broadcast_buffers = broadcast_buffers
         self.bucketer = ReduceScatterBucketer(bucket_cap_mb)
         self._state = ReduceState.IDLE
         self._sync = True  # False inside no_sync()
         self._sync_backward = True  # captured at forward, like DDP: decides the next backward
 
-        with torch.no_grad():
-            self._broadcast([p.detach() for p in module.parameters()])
-            self._broadcast(list(module.buffers()))
+        broadcast_from_rank0(list(module.parameters()), self.process_group)
+        broadcast_from_rank0(list(module.buffers()), self.process_group)
         self._slots, self._flats = self._build_shards()
         self._hooks = [slot.param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
                        for slot in self._slots]
@@ -188,19 +187,6 @@ class ShardedDataParallel(nn.Module):
                     slot.shard = nn.Parameter(view)  # shares storage with flat.params
         return slots, list(flats.values())
 
-    def _broadcast(self, tensors: list[Tensor]) -> None:
-        """Overwrite ``tensors`` with rank 0's values: one broadcast per (dtype, device)."""
-        by_kind: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
-        for t in tensors:
-            by_kind.setdefault((t.dtype, t.device), []).append(t)
-        for group in by_kind.values():
-            flat = torch.cat([t.reshape(-1) for t in group])
-            dist.broadcast(flat, src=self._src, group=self.process_group)
-            offset = 0
-            for t in group:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
-
     # --- forward / no_sync ------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         if self._state is ReduceState.REDUCE_QUEUED:
@@ -210,8 +196,7 @@ class ShardedDataParallel(nn.Module):
                           stacklevel=2)
             self._state = ReduceState.IDLE
         if self.broadcast_buffers and self.world_size > 1:
-            with torch.no_grad():
-                self._broadcast(list(self.module.buffers()))
+            broadcast_from_rank0(list(self.module.buffers()), self.process_group)
         self._sync_backward = self._sync
         out = self.module(*args, **kwargs)
         if self._sync_backward and torch.is_grad_enabled() and not reaches_any(out, self._param_ids):
@@ -252,11 +237,13 @@ class ShardedDataParallel(nn.Module):
             if n_ranks == 0:
                 continue  # no rank used it: leave its sharded gradient untouched
             grad = slot.param.grad
-            padded = slot.param.new_zeros(slot.chunk * W)
+            # Zeros only where nothing is written: a rank without a gradient, and the padding.
+            padded = slot.param.new_zeros(slot.chunk * W) if grad is None else slot.param.new_empty(slot.chunk * W)
             if grad is not None:
                 assert not grad.is_sparse, f"sparse gradient for {slot.name!r}: not supported"
                 # Divide before summing (as DDP does) so low-precision sums cannot overflow.
                 torch.div(grad.reshape(-1), W, out=padded[:slot.numel])
+                padded[slot.numel:].zero_()
             self.bucketer.reduce_scatter_async(list(padded.view(W, slot.chunk)),
                                                self.process_group,
                                                functools.partial(self._accumulate, slot))

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from .nested import find_tensors
+
 __all__ = [
     "marked_twice_error",
     "static_count_error",
@@ -22,18 +24,6 @@ __all__ = [
     "unreached_params",
     "unused_parameters_error",
 ]
-
-
-def find_tensors(obj):
-    """Tensors nested in tuples, lists and dicts (a forward's outputs)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from find_tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from find_tensors(item)
 
 
 def _reachable_leaves(outputs):

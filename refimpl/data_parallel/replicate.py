@@ -41,6 +41,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from ..nested import is_namedtuple
 from .devices import DeviceLike, normalize_devices
 
 __all__ = ["Broadcast", "ReplicaInfo", "ReplicaMisuseError", "is_replica", "replicate"]
@@ -183,14 +184,10 @@ def _retarget_tensor_caches(replica: nn.Module, copies: dict[int, list[torch.Ten
     own list with the original tensors swapped for its copies; other entries are kept.
     """
     for name, value in list(replica.__dict__.items()):
-        if isinstance(value, (list, tuple)) and not _is_namedtuple_type(value):
+        if isinstance(value, (list, tuple)) and not is_namedtuple(value):
             if any(isinstance(v, torch.Tensor) and id(v) in copies for v in value):
                 swapped = [copies[id(v)][j] if isinstance(v, torch.Tensor) and id(v) in copies else v for v in value]
                 replica.__dict__[name] = type(value)(swapped)
-
-
-def _is_namedtuple_type(value) -> bool:
-    return isinstance(value, tuple) and hasattr(value, "_fields")
 
 
 def replicate(module: M, devices: Sequence[DeviceLike], *, detach: bool = False) -> list[M]:

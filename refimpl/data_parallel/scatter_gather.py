@@ -29,12 +29,15 @@ dict, namedtuple) keep their type; structures that differ between replicas raise
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..nested import is_namedtuple as _is_namedtuple
+from ..nested import iter_tensors as _tensors
+from ..nested import move_to
+from ..nested import rebuild_mapping as _rebuild_mapping
 from .devices import DeviceLike, normalize_device, normalize_devices
 
 __all__ = ["Gather", "Scatter", "balanced_chunk_sizes", "gather", "move_to", "scatter", "scatter_kwargs"]
@@ -103,31 +106,6 @@ class Gather(torch.autograd.Function):
             (p.reshape(()) if ctx.scalars else p).to(d) for p, d in zip(parts, ctx.devices, strict=True)
         )
         return (None, None, *out)
-
-
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_asdict")
-
-
-def _rebuild_mapping(like: Mapping, items) -> Mapping:
-    if type(like) is dict:
-        return dict(items)
-    out = copy.copy(like)  # keeps OrderedDict / defaultdict(factory) / user mappings' type
-    out.clear()
-    out.update(items)
-    return out
-
-
-def _tensors(obj: Any, path: str = "inputs"):
-    """Yield (path, tensor) for every tensor in a nested structure."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, (tuple, list)):
-        for i, v in enumerate(obj):
-            yield from _tensors(v, f"{path}[{i}]")
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            yield from _tensors(v, f"{path}[{k!r}]")
 
 
 def _plan(obj: Any, n: int, dim: int, chunk_sizes: Sequence[int] | None) -> dict[int, list[int]]:
@@ -248,16 +226,3 @@ def gather(outputs: Sequence[Any], output_device: DeviceLike, dim: int = 0) -> A
     if len(outputs) == 0:
         raise ValueError("gather needs at least one output")
     return _gather_map(list(outputs), normalize_device(output_device), dim, "output")
-
-
-def move_to(obj: Any, device: torch.device) -> Any:
-    """`obj` with every tensor moved to `device` (differentiably); structure kept."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if _is_namedtuple(obj):
-        return type(obj)(*(move_to(v, device) for v in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(move_to(v, device) for v in obj)
-    if isinstance(obj, Mapping):
-        return _rebuild_mapping(obj, ((k, move_to(v, device)) for k, v in obj.items()))
-    return obj

@@ -262,6 +262,3 @@ def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
 def _retrieve_context(context_id: int) -> DistAutogradContext:
     return container().retrieve(context_id)
 
-
-def _get_max_id() -> int:
-    return container().max_id()
