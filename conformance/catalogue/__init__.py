@@ -14,6 +14,10 @@ from conformance.harness.context import resolve
 from conformance.spec import Scenario
 
 PROFILES = ("quick", "standard", "full")
+# What a scenario lists in `profiles`: the cheapest profile it belongs to, and every larger one.
+QUICK, STANDARD, FULL = (frozenset(PROFILES[i:]) for i in range(len(PROFILES)))
+# Short dtype names used in scenario ids.
+SHORT_DTYPE = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
 
 # area -> (scenario factory, driver module)
 AREAS: dict[str, tuple[str, str]] = {

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import torch
 
+from conformance.catalogue import FULL, QUICK, STANDARD
+from conformance.catalogue import SHORT_DTYPE as SHORT
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, Tolerance, WrapOptions
 
-QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
-SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
 EXACT_INTS = Tolerance(True, reason="exact: integers in [-8, 8], sums over <= 4 ranks are exact in every dtype")
 MiB = 1024 * 1024
 DEFAULT_CAP_MB = 25.0  # what both implementations use when no cap is given
@@ -67,7 +67,7 @@ def shard_elements(cap_mb: float | None, dtype: str, world_size: int) -> int:
     cap = DEFAULT_CAP_MB if cap_mb is None else cap_mb
     if cap <= 0:
         return 0
-    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    itemsize = getattr(torch, dtype).itemsize
     return int(cap * MiB // itemsize // world_size)
 
 

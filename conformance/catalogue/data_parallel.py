@@ -19,11 +19,11 @@ batch sums, so they get a tolerance scaled by the number of rows summed.
 
 from __future__ import annotations
 
+from conformance.catalogue import FULL, QUICK, STANDARD
+from conformance.catalogue import SHORT_DTYPE as SHORT
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, Tolerance, float_tolerance
 
-QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
-SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
 # Values outside fp32's exact-integer range (tied: five integer layers reach 1e8) or non-dyadic.
 EXACT_SUMS = Tolerance(True, reason="exact: small-integer data, so sums over replicas and rows are exact in any order")
 INEXACT_MODELS = {"transformer", "cnn-bn-eval", "tied"}

@@ -10,6 +10,8 @@ summands. Compression hooks are compared over one step with a band of two fp16/b
 
 from __future__ import annotations
 
+from conformance.catalogue import FULL, QUICK, STANDARD
+from conformance.catalogue import SHORT_DTYPE as SHORT
 from conformance.spec import (
     EXACT,
     Expect,
@@ -22,8 +24,6 @@ from conformance.spec import (
     Capability as C,
 )
 
-QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
-SHORT = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
 HOOK_BAND = {"fp16": Tolerance(False, 2**-9, 2**-9, "fp16 compression: 2 fp16 ulps"),
              "bf16": Tolerance(False, 2**-6, 2**-6, "bf16 compression: 2 bf16 ulps")}
 

@@ -11,9 +11,9 @@ handful of summands. A lost or duplicated contribution is off by O(1), far outsi
 
 from __future__ import annotations
 
+from conformance.catalogue import FULL, QUICK, STANDARD
 from conformance.spec import Scenario, float_tolerance
 
-QUICK, STANDARD, FULL = frozenset({"quick", "standard", "full"}), frozenset({"standard", "full"}), frozenset({"full"})
 TOL = float_tolerance("float64", 8, "float64: gradient contributions accumulated in another order than local autograd")
 
 

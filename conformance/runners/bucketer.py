@@ -115,6 +115,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
             inside: int | None = None  # the call in progress
             flushed = False
             seen: dict[int, tuple[int, int | None]] = {}  # index -> (position, call in progress)
+            expected: dict[int, torch.Tensor] = {}  # index -> its exact sum, computed once
             for pos, event in enumerate(log):
                 kind = event[0]
                 if kind == "enter":
@@ -136,8 +137,8 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                     if i in seen:
                         fail(rank, where, f"call {i}'s callback ran a second time (exactly once is required)")
                     seen[i] = (pos, inside)
-                    m = compare_tensor(f"call {i} {call.dtype}{list(call.shape)}",
-                                       expected_result(scenario, round_, rank, i, call), value, tol)
+                    expected[i] = expected_result(scenario, round_, rank, i, call)
+                    m = compare_tensor(f"call {i} {call.dtype}{list(call.shape)}", expected[i], value, tol)
                     count += 1
                     if m:
                         fail(rank, where, f"call {i}: the callback's result is not the sum over ranks of chunk {rank}", [m])
@@ -148,8 +149,8 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
             # Results stay valid after later flushes.
             for i, tensors in sorted(rec["after_flush"].items()):
                 call = calls[i]
-                m = compare_tensor(f"call {i} {call.dtype}{list(call.shape)}",
-                                   expected_result(scenario, round_, rank, i, call), tensors[0], tol)
+                want = expected[i] if i in expected else expected_result(scenario, round_, rank, i, call)
+                m = compare_tensor(f"call {i} {call.dtype}{list(call.shape)}", want, tensors[0], tol)
                 count += 1
                 if m:
                     fail(rank, where, f"call {i}: the result handed to the callback changed after a later "
