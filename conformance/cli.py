@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     lst.add_argument("--area", default=None)
     from conformance import zoo
 
-    zoo.add_arguments(sub.add_parser("zoo", help="run the suite against the mutant zoo: is every known-bad DDP caught?"))
+    zoo.add_arguments(sub.add_parser("zoo", help="run an area's scenarios against its mutant zoo: is every known-bad implementation caught?"))
     return p
 
 

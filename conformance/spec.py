@@ -132,6 +132,7 @@ class Scenario:
     timeout_s: float = 60.0
     description: str = ""
     upstream: str = ""  # e.g. "pytorch/pytorch#128949" when the scenario exists for a known bug
+    clauses: tuple[str, ...] = ()  # contract clauses it checks (docs/contracts/<area>.md), e.g. ("B3",)
 
     def __post_init__(self) -> None:
         if self.area not in AREAS:

@@ -1,19 +1,22 @@
-"""`gradparity zoo`: prove the suite's power on a zoo of known-bad DDP implementations.
+"""`gradparity zoo --area <area>`: prove the suite's power on an area's known-bad implementations.
 
-Runs every scenario of a profile against the controls (torch's DDP, the zoo's correct base
-`BucketedDDP`, refimpl's DDP) and against every mutant of `conformance.fixtures.mutants`,
-then builds the detection table: mutant -> the scenarios that catch it.
+Runs every scenario of a profile of one area against the controls (DDP: torch's DDP, the
+zoo's correct base `BucketedDDP`, refimpl's DDP; other areas: the built-in adapters and the
+area's correct base, `conformance.fixtures.mutants.<area>:correct`) and against every mutant
+of the area's zoo (`conformance.fixtures.mutants.area_zoo`), then builds the detection table
+(mutant -> the scenarios that catch it) and the clause x mutant table.
 
-Cases run on the same warm rank pools, rank-side task and judge (`conformance.runners.ddp`)
-as `gradparity run`; the zoo dispatches them itself (not through pytest) because it needs
-each case's outcome kind (wrong values, hang, crash) and every rank's backward stats.
+Cases run through each area's own `check` (the same warm rank pools, rank task and judge as
+`gradparity run`); the zoo dispatches them itself (not through pytest) because it needs each
+case's outcome kind (wrong values, raised, hang, crash) and every rank's `mutation_fired`
+count, which it reads from the ranks' records (DDP/sharded: `backward_stats()`; bucketer:
+the record; data_parallel, single-process: the adapter).
 
 When does a scenario *catch* a mutant? All of:
   1. the case failed: wrong values (`ConformanceError`), or a rank raised, died or hung;
   2. the base `BucketedDDP` passed the same scenario (a scenario the correct base fails
      proves nothing about the mutation);
-  3. the mutation took effect in that very case: the ranks' `backward_stats()` report
-     `mutation_fired > 0` (the mutant calls `_fired()` only where its bug changed what the
+  3. the mutation took effect in that very case: the ranks report `mutation_fired > 0` (the mutant calls `_fired()` only where its bug changed what the
      correct code would have done), or no rank returned a record at all (hang or crash)
      and the mutant declares `may_abort` (its documented failure mode; no record, no count).
 A failure without (3) is listed as "failed, not fired" and does not count; a case where the
@@ -24,6 +27,7 @@ Exit status: 0 when every mutant is caught and no control fails; 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import json
 import os
@@ -38,22 +42,22 @@ from conformance.compare import ConformanceError
 from conformance.expectations import builtin_xfails, read_expectations
 from conformance.fixtures import mutants as zoo_mutants
 from conformance.report.record import case_id, case_record
-from conformance.runners import ddp as ddp_driver
 from conformance.spec import Scenario
 
-SCHEMA = "gradparity.zoo/1"
+SCHEMA = "gradparity.zoo/2"
 BASE = registry.ddp_class_spec(zoo_mutants.BASE)
 CONTROLS = ("torch-ddp", BASE, "refimpl-ddp")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--area", default="ddp", choices=zoo_mutants.ZOO_AREAS, help="whose zoo (default ddp)")
     p.add_argument("--profile", default="quick", choices=catalogue.PROFILES)
     p.add_argument("--report-dir", default="gradparity-reports/zoo", help="where zoo.json and zoo.html go")
     p.add_argument("-n", dest="workers", type=int, default=1, help="cases run concurrently (each worker has its own rank pools)")
     p.add_argument("--timeout-scale", type=float, default=0.25,
                    help="multiply scenario timeouts (default 0.25: a hanging mutant costs 15 s, not 60)")
-    p.add_argument("--mutant", action="append", default=[], help=f"only these mutants (repeatable); known: {', '.join(zoo_mutants.MUTANTS)}")
-    p.add_argument("--control", action="append", default=[], help="controls (repeatable; default torch-ddp, the zoo base, refimpl-ddp)")
+    p.add_argument("--mutant", action="append", default=[], help="only these mutants of the area (repeatable)")
+    p.add_argument("--control", action="append", default=[], help="controls (repeatable; default: the area's built-ins and its zoo base)")
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -62,30 +66,76 @@ def _expected_failures(adapter_name: str) -> dict[str, str]:
     return read_expectations(path) if path else {}
 
 
-def _run_case(pools, spec: str, scenario: Scenario, timeout_scale: float) -> dict:
-    from conformance.harness.context import choose_topology
+class _Recording:
+    """A pool proxy that keeps the outcome of the task it runs (for the zoo's case kind and counts)."""
 
+    def __init__(self, pool):
+        self.pool, self.outcome = pool, None
+
+    def run(self, *args, **kwargs):
+        self.outcome = self.pool.run(*args, **kwargs)
+        return self.outcome
+
+
+class _Session:
+    """What an area's `check(scenario, spec, session)` needs: pools and a timeout scale."""
+
+    def __init__(self, pools, timeout_scale: float):
+        self.pools, self.timeout_scale, self.last = self, timeout_scale, None
+        self._pools = pools
+
+    def get(self, topology):
+        self.last = _Recording(self._pools.get(topology))
+        return self.last
+
+
+def _fired(value) -> int | None:
+    if not isinstance(value, dict):
+        return None
+    if value.get("mutation_fired") is not None:
+        return value["mutation_fired"]
+    stats = value.get("backward_stats")
+    return stats.get("mutation_fired") if isinstance(stats, dict) else None
+
+
+_IN_PROCESS = threading.Lock()  # single-process areas share the coordinator's torch state
+
+
+def _run_case(pools, spec: str, scenario: Scenario, timeout_scale: float) -> dict:
     t0 = time.perf_counter()
-    topology = choose_topology(scenario.world_size, scenario.device)
-    outcome = pools.get(topology).run(
-        ddp_driver.TASK, (scenario, spec),
-        timeout=scenario.timeout_s * timeout_scale, label=f"{scenario.id} with {spec}",
-    )
-    stats = {r: v.get("backward_stats") for r, v in outcome.values.items() if isinstance(v, dict)}
-    fired = [s.get("mutation_fired", 0) for s in stats.values() if isinstance(s, dict)]
-    result = {"verdict": "passed", "kind": "", "message": "", "records": len(outcome.values),
-              "fired": sum(fired) if fired else None, "comparisons": None, "accepted_error": None}
-    try:
-        checked = ddp_driver.judge(scenario, spec, outcome, where=topology.key())
-        result.update(comparisons=checked.comparisons, accepted_error=checked.accepted_error)
-    except ConformanceError as exc:
-        if outcome.ok:
-            kind = "wrong"
-        else:
-            kind = "hang" if "timeout" in {f.kind for f in outcome.failures.values()} else "crash"
-        result.update(verdict="failed", kind=kind, message=str(exc)[:6000])
+    session = _Session(pools, timeout_scale)
+    driver = catalogue.driver(scenario.area)
+    result = {"verdict": "passed", "kind": "", "message": "", "records": 0, "fired": None,
+              "comparisons": None, "accepted_error": None}
+    in_process = scenario.area == "data_parallel"
+    adapter = registry.load(spec)
+    with _IN_PROCESS if in_process else contextlib.nullcontext():
+        before = getattr(adapter, "mutation_fired", 0)
+        try:
+            checked = driver.check(scenario, spec, session)
+            result.update(comparisons=checked.comparisons, accepted_error=checked.accepted_error)
+        except ConformanceError as exc:
+            result.update(verdict="failed", kind="wrong", message=str(exc)[:6000])
+        outcome = session.last.outcome if session.last else None
+        if in_process:
+            fired = getattr(adapter, "mutation_fired", None)
+            result.update(records=1, fired=None if fired is None else fired - before)
+    stats = {}
+    if outcome is not None:
+        values = {r: v for r, v in outcome.values.items() if isinstance(v, dict)}
+        counts = [c for c in map(_fired, values.values()) if c is not None]
+        result.update(records=len(outcome.values), fired=sum(counts) if counts else None)
+        stats = {r: v.get("backward_stats") for r, v in values.items()}
+        if result["verdict"] == "failed":
+            if not outcome.ok:
+                result["kind"] = "hang" if "timeout" in {f.kind for f in outcome.failures.values()} else "crash"
+            elif any(v.get("error") or v.get("crash") for v in values.values()):
+                result["kind"] = "raised"
+        result["details"] = {"backward_stats": stats.get(0),
+                             "fired_per_rank": {str(r): _fired(v) for r, v in values.items()}}
+    elif result["verdict"] == "failed" and "Error:" in result["message"].splitlines()[0]:
+        result["kind"] = "raised"
     result["duration_s"] = round(time.perf_counter() - t0, 4)
-    result["details"] = {"backward_stats": stats.get(0), "fired_per_rank": {str(r): s.get("mutation_fired") for r, s in stats.items() if isinstance(s, dict)}}
     return result
 
 
@@ -110,10 +160,17 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
                 results.append(_record(spec, s, verdict="failed", kind="unavailable", message=f"cannot load {spec}: {exc}"))
             continue
         xfails = _expected_failures(adapter.name)
+        unavailable = getattr(adapter, "unavailable", lambda s: None)
         for s in scenarios:
             missing = missing_capabilities(adapter, s.requires)
-            if missing or adapter.area != s.area:
-                why = f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}" if missing else "other area"
+            why = None
+            if missing:
+                why = f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}"
+            elif adapter.area != s.area:
+                why = "other area"
+            else:
+                why = unavailable(s)
+            if why:
                 results.append(_record(spec, s, verdict="skipped", message=why))
             else:
                 todo.put((spec, s, xfails.get(case_id(spec, s)) or xfails.get(s.id)))
@@ -147,17 +204,17 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
 
 
 # -- judging ----------------------------------------------------------------------------------
-def judge(results: list[dict], mutants: dict[str, tuple[str, str]], controls: list[str]) -> dict:
-    """The detection table and the controls' state (see the module docstring for the rules)."""
+def judge(results: list[dict], mutants: dict[str, zoo_mutants.Mutant], controls: list[str], base: str = BASE) -> dict:
+    """The detection table, the clause x mutant table and the controls' state (rules: module docstring)."""
     by = {(r["adapter"], r["scenario"]): r for r in results}
     scenarios = sorted({r["scenario"] for r in results})
-    base_ok = {s for s in scenarios if by.get((BASE, s), {}).get("verdict") == "passed"}
+    clauses_of = {r["scenario"]: r.get("clauses") or [] for r in results}
+    base_ok = {s for s in scenarios if by.get((base, s), {}).get("verdict") == "passed"}
     table = []
-    for name, (path, bug) in mutants.items():
-        spec = registry.ddp_class_spec(path)
-        aborts = zoo_mutants.may_abort(name)
-        row = {"mutant": name, "class": path, "bug": bug, "caught_by": [], "failed_not_fired": [],
-               "fired_but_passed": [], "skipped": [], "how": {}}
+    for name, mutant in mutants.items():
+        spec, aborts = mutant.spec, mutant.may_abort
+        row = {"mutant": name, "class": spec, "bug": mutant.bug, "clause": mutant.clause, "caught_by": [],
+               "failed_not_fired": [], "fired_but_passed": [], "skipped": [], "how": {}}
         for s in scenarios:
             r = by.get((spec, s))
             if r is None:
@@ -174,6 +231,10 @@ def judge(results: list[dict], mutants: dict[str, tuple[str, str]], controls: li
             elif effect:
                 row["fired_but_passed"].append(s)
         row["verdict"] = "caught" if row["caught_by"] else "ESCAPED"
+        row["by_clause"] = {}
+        for s in row["caught_by"]:
+            for c in clauses_of[s]:
+                row["by_clause"].setdefault(c, []).append(s)
         table.append(row)
     control_state = {}
     for spec in controls:
@@ -184,7 +245,17 @@ def judge(results: list[dict], mutants: dict[str, tuple[str, str]], controls: li
             "skipped": sum(r["verdict"] == "skipped" for r in rows), "failed": len(bad),
             "failures": [{"scenario": r["scenario"], "verdict": r["verdict"], "message": r["message"].splitlines()[0] if r["message"] else ""} for r in bad],
         }
-    return {"table": table, "controls": control_state, "cover": minimal_cover(table)}
+    clauses = sorted({c for cs in clauses_of.values() for c in cs} | {row["clause"] for row in table if row["clause"]},
+                     key=_clause_key)
+    per_clause = {c: sum(c in cs for cs in clauses_of.values()) for c in clauses}
+    return {"table": table, "controls": control_state, "cover": minimal_cover(table), "clauses": clauses,
+            "scenarios_per_clause": per_clause}
+
+
+def _clause_key(clause: str):
+    head = clause.rstrip("0123456789")
+    tail = clause[len(head):]
+    return (head, int(tail) if tail else 0)
 
 
 def minimal_cover(table: list[dict]) -> list[str]:
@@ -204,7 +275,32 @@ def minimal_cover(table: list[dict]) -> list[str]:
 
 # -- reporting --------------------------------------------------------------------------------
 def _short(scenario_id: str) -> str:
-    return scenario_id.removeprefix("ddp/")
+    return scenario_id.split("/", 1)[-1]
+
+
+def _clause_html(doc: dict) -> str:
+    """Clause x mutant: how many scenarios of each clause catch each mutant (its own clause outlined)."""
+    e = lambda t: html.escape(str(t), quote=True)  # noqa: E731
+    clauses = doc.get("clauses") or []
+    if not clauses:
+        return ""
+    head = "".join(f"<th title='{doc['scenarios_per_clause'].get(c, 0)} scenarios'>{e(c)}</th>" for c in clauses)
+    rows = []
+    for row in doc["table"]:
+        cells = []
+        for c in clauses:
+            hits = row.get("by_clause", {}).get(c, [])
+            own = "outline:2px solid #000;" if c == row.get("clause") else ""
+            colour = "#2e7d32;color:#fff" if hits else ("#c62828;color:#fff" if c == row.get("clause") else "#fafafa")
+            tip = e(", ".join(map(_short, hits)))
+            cells.append(f"<td style='{own}background:{colour};text-align:center' title='{tip}'>{len(hits) or ''}</td>")
+        rows.append(f"<tr><td><b>{e(row['mutant'])}</b> <small>({e(row.get('clause') or '—')})</small></td>{''.join(cells)}</tr>")
+    per = "".join(f"<td style='text-align:center'>{doc['scenarios_per_clause'].get(c, 0)}</td>" for c in clauses)
+    return (f"<h2>Clause × mutant ({e(doc.get('area', 'ddp'))})</h2><p><small>A cell counts the scenarios checking that "
+            "clause which catch the mutant; the outlined cell is the clause the mutant breaks (red: no scenario of "
+            "its own clause catches it). Clauses: <code>docs/contracts/" + e(doc.get("area", "ddp")) + ".md</code>."
+            f"</small></p><table><tr><th>mutant (clause)</th>{head}</tr>" + "".join(rows)
+            + f"<tr><td><i>scenarios per clause</i></td>{per}</tr></table>")
 
 
 def _detection_html(doc: dict) -> str:
@@ -224,13 +320,14 @@ def _detection_html(doc: dict) -> str:
         f"<td style='color:{'#c62828' if c['failed'] else '#2e7d32'}'>{c['failed']}</td>"
         f"<td>{'<br>'.join(e(_short(f['scenario']) + ': ' + f['message'][:160]) for f in c['failures'])}</td></tr>"
         for spec, c in doc["controls"].items())
-    return (f"<h2>Detection table (profile {e(doc['profile'])})</h2>"
+    return (f"<h2>Detection table (area {e(doc.get('area', 'ddp'))}, profile {e(doc['profile'])})</h2>"
             f"<p>{e(doc['summary'])}</p>"
             "<table><tr><th>mutant</th><th>bug</th><th>verdict</th><th>caught by</th></tr>" + "".join(rows) + "</table>"
             f"<p>Minimal covering set: {', '.join(f'<code>{e(_short(s))}</code>' for s in doc['cover'])}</p>"
             "<h2>Controls</h2><table><tr><th>control</th><th>passed</th><th>xfailed</th><th>skipped</th><th>failed</th><th>failures</th></tr>"
             + controls + "</table><p><small>Counting rule: a scenario catches a mutant when the case failed, the base "
-            "passed it, and the mutation fired in that case (or no rank answered and the mutant's failure mode is a hang/crash).</small></p>")
+            "passed it, and the mutation fired in that case (or no rank answered and the mutant's failure mode is a hang/crash).</small></p>"
+            + _clause_html(doc))
 
 
 def write_reports(report_dir: str, doc: dict, results: list[dict], specs: list[str]) -> dict[str, str]:
@@ -257,7 +354,8 @@ def print_table(doc: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=f"mutant zoo: detection table (profile {doc['profile']})", show_lines=True)
+    table = Table(title=f"mutant zoo: detection table (area {doc.get('area', 'ddp')}, profile {doc['profile']})",
+                  show_lines=True)
     for col, ratio in (("mutant", 2), ("bug", 3), ("verdict", 1), ("caught by", 6)):
         table.add_column(col, overflow="fold", ratio=ratio)
     for row in doc["table"]:
@@ -283,38 +381,42 @@ def print_table(doc: dict, console=None) -> None:
     console.print(doc["summary"], highlight=False)
 
 
-def zoo(profile: str = "quick", *, report_dir: str = "gradparity-reports/zoo", workers: int = 1,
+def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradparity-reports/zoo", workers: int = 1,
         timeout_scale: float = 0.25, mutants: list[str] | None = None, controls: list[str] | None = None,
         console=None) -> tuple[int, dict]:
-    """Run the zoo; returns (exit status, the zoo document written to zoo.json)."""
+    """Run the zoo of `area`; returns (exit status, the zoo document written to zoo.json)."""
     from rich.console import Console
 
     console = console or Console()
-    chosen = {n: zoo_mutants.MUTANTS[n] for n in (mutants or zoo_mutants.MUTANTS)}
-    controls = list(controls or CONTROLS)
-    if BASE not in controls:
-        controls.append(BASE)  # the base is what "caught" is judged against
-    specs = controls + [registry.ddp_class_spec(path) for path, _ in chosen.values()]
-    scenarios = catalogue.select(area="ddp", profile=profile)
+    area_zoo = zoo_mutants.area_zoo(area)
+    chosen = {n: area_zoo.mutants[n] for n in (mutants or area_zoo.mutants)}
+    controls = list(controls or area_zoo.controls)
+    if area_zoo.base not in controls:
+        controls.append(area_zoo.base)  # the base is what "caught" is judged against
+    specs = controls + [m.spec for m in chosen.values()]
+    scenarios = catalogue.select(area=area, profile=profile)
     t0 = time.perf_counter()
 
     def progress(done, total, r):
         mark = {"passed": "✓", "failed": "✗", "xfailed": "x", "xpassed": "!"}.get(r["verdict"], "?")
         fired = f" fired={r['fired']}" if r["fired"] else ""
-        console.print(f"[{done:>3}/{total}] {mark} {r['adapter'].removeprefix('ddp-class=conformance.fixtures.mutants.')}"
-                      f" | {_short(r['scenario'])} {r['kind']}{fired} ({r['duration_s']:.1f}s)", highlight=False)
+        who = r["adapter"].removeprefix("ddp-class=").removeprefix("conformance.fixtures.mutants.")
+        console.print(f"[{done:>3}/{total}] {mark} {who} | {_short(r['scenario'])} {r['kind']}{fired} "
+                      f"({r['duration_s']:.1f}s)", highlight=False)
 
     results = run_cases(specs, scenarios, workers=workers, timeout_scale=timeout_scale, progress=progress)
-    doc = judge(results, chosen, controls)
+    doc = judge(results, chosen, controls, base=area_zoo.base)
     escaped = [row["mutant"] for row in doc["table"] if not row["caught_by"]]
     bad_controls = [spec for spec, c in doc["controls"].items() if c["failed"]]
+    seconds = time.perf_counter() - t0
     doc.update(
-        schema=SCHEMA, profile=profile, timeout_scale=timeout_scale, scenarios=[s.id for s in scenarios],
-        seconds=round(time.perf_counter() - t0, 1), escaped=escaped, failed_controls=bad_controls,
-        summary=(f"{len(chosen) - len(escaped)}/{len(chosen)} mutants caught"
+        schema=SCHEMA, area=area, profile=profile, timeout_scale=timeout_scale, scenarios=[s.id for s in scenarios],
+        seconds=round(seconds, 1), escaped=escaped, failed_controls=bad_controls,
+        summary=(f"{area}: {len(chosen) - len(escaped)}/{len(chosen)} mutants caught"
                  + (f" (ESCAPED: {', '.join(escaped)})" if escaped else "")
                  + f"; controls failing: {', '.join(bad_controls) if bad_controls else 'none'}"
-                 + f"; {len(scenarios)} scenarios × {len(specs)} implementations in {time.perf_counter() - t0:.0f}s"),
+                 + f"; {len(doc['clauses'])} clauses; {len(scenarios)} scenarios × {len(specs)} implementations"
+                 + f" in {seconds:.0f}s"),
     )
     paths = write_reports(report_dir, doc, results, specs)
     print_table(doc, console)
@@ -323,13 +425,14 @@ def zoo(profile: str = "quick", *, report_dir: str = "gradparity-reports/zoo", w
 
 
 def cmd_zoo(args) -> int:
-    unknown = [m for m in args.mutant if m not in zoo_mutants.MUTANTS]
-    if unknown:
-        from conformance.cli import UsageError
+    from conformance.cli import UsageError
 
-        raise UsageError(f"unknown mutant {unknown[0]!r}; known: {', '.join(zoo_mutants.MUTANTS)}")
+    area_zoo = zoo_mutants.area_zoo(args.area)
+    unknown = [m for m in args.mutant if m not in area_zoo.mutants]
+    if unknown:
+        raise UsageError(f"unknown {args.area} mutant {unknown[0]!r}; known: {', '.join(area_zoo.mutants)}")
     for spec in args.control:
         registry.load(spec)  # a bad control name is a usage error (AdapterError), before any process
-    code, _ = zoo(args.profile, report_dir=args.report_dir, workers=args.workers, timeout_scale=args.timeout_scale,
-                  mutants=args.mutant or None, controls=args.control or None)
+    code, _ = zoo(args.profile, area=args.area, report_dir=args.report_dir, workers=args.workers,
+                  timeout_scale=args.timeout_scale, mutants=args.mutant or None, controls=args.control or None)
     return code

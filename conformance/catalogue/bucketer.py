@@ -26,8 +26,17 @@ The contract (what `conformance.runners.bucketer` checks, in this order):
 5. Inputs may be reused — overwriting the inputs right after `reduce_scatter_async`
    returns must not change any result (the "reuse" scenarios).
 
+6. Process groups — a call's group may be any group, not only WORLD: its input list has
+   one chunk per member, its result is the sum over the members, and calls on different
+   groups interleave freely (one bucket per group).
+7. Call forms and layouts — keyword calls (`input_list=`, `group=`, `callback_fn=`), 0-dim
+   and non-contiguous chunks give the same results as positional, contiguous ones.
+8. Lifecycle — a flush with nothing queued is a no-op; after flush (and teardown) the same
+   bucketer serves the next round.
+
 Caps: `None` is the implementation's default (25 MiB in both); a tiny cap flushes every few
 inputs; 0 disables bucketing; an "oversized" cap makes one input larger than a shard.
+The clause ids (`B1`...) are those of `docs/contracts/bucketer.md`.
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ class Call:
     shape: tuple[int, ...]
     dtype: str
     callback: bool = True
+    group: str = "world"  # "world" | "pairs" (ranks 0-1, 2-3, ...) | "self" (a group of one)
+    layout: str = "contiguous"  # "contiguous" | "transposed" | "strided": same values, other strides
 
     @property
     def numel(self) -> int:
@@ -71,9 +82,22 @@ def shard_elements(cap_mb: float | None, dtype: str, world_size: int) -> int:
     return int(cap * MiB // itemsize // world_size)
 
 
-def must_be_immediate(scenario: Scenario, call: Call) -> bool:
+def group_members(kind: str, rank: int, world_size: int) -> list[int]:
+    """The global ranks of `rank`'s group of `kind` (every rank is in exactly one of each kind)."""
+    if kind == "world":
+        return list(range(world_size))
+    if kind == "pairs":
+        first = rank - rank % 2
+        return list(range(first, min(first + 2, world_size)))
+    if kind == "self":
+        return [rank]
+    raise ValueError(f"unknown bucketer group kind {kind!r}")
+
+
+def must_be_immediate(scenario: Scenario, call: Call, rank: int = 0) -> bool:
     """Order rule 4a: reduced (callback run) before its own call returns."""
-    return call.numel > shard_elements(scenario.options.bucket_cap_mb, call.dtype, scenario.world_size)
+    size = len(group_members(call.group, rank, scenario.world_size))
+    return call.numel > shard_elements(scenario.options.bucket_cap_mb, call.dtype, size)
 
 
 def plan(scenario: Scenario) -> list[Call]:
@@ -107,6 +131,18 @@ def plan(scenario: Scenario) -> list[Call]:
         calls = [Call((5,), dtypes[0]), Call((0,), dtypes[0]), Call((3, 0), dtypes[0]), Call((4,), dtypes[0])]
     elif kind == "only-empty":
         calls = [Call((0,), dtypes[0]), Call((2, 0), dtypes[0])]
+    elif kind == "groups":
+        # WORLD and a smaller group interleaved, one dtype: one bucket per group, sums over members.
+        other = kw["group"]
+        for i in range(kw.get("count", 10)):
+            calls.append(Call((size(1, 12),), dtypes[i % len(dtypes)], group="world" if i % 2 else other))
+    elif kind == "layouts":
+        # 0-dim, transposed and strided chunks (same values as contiguous ones), one too big to bucket.
+        layouts = ("contiguous", "transposed", "strided")
+        calls = [Call((), dtypes[0])]
+        for i in range(kw.get("count", 9)):
+            calls.append(Call((size(1, 6), size(2, 5)), dtypes[i % len(dtypes)], layout=layouts[i % 3]))
+        calls.append(Call((kw.get("big_numel", 800), 2), dtypes[0], layout="transposed"))
     else:
         raise ValueError(f"scenario {scenario.id}: unknown bucketer plan {kind!r}")
     return calls
@@ -120,12 +156,26 @@ def chunk(scenario: Scenario, *, round_: int, rank: int, index: int, dest: int, 
     return values.to(dtype=getattr(torch, call.dtype), device=device)
 
 
+def with_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values as `t` in the call's memory layout (non-contiguous for the non-default ones)."""
+    if layout == "transposed" and t.dim() == 2:
+        return t.t().contiguous().t()
+    if layout == "strided" and t.numel():
+        wide = torch.zeros((*t.shape, 2), dtype=t.dtype, device=t.device)
+        wide[..., 0] = t
+        return wide[..., 0]
+    return t
+
+
 def make(name: str, kind: str, *, w: int = 2, cap: float | None = None, dtypes: tuple[str, ...] = ("float32",),
-         profiles: frozenset = QUICK, steps: int = 1, **kwargs) -> Scenario:
+         profiles: frozenset = QUICK, steps: int = 1, clauses: tuple[str, ...] = (), **kwargs) -> Scenario:
     description = kwargs.pop("description", "")
     needs = {C.BUCKET_CAP} if cap is not None else set()
     if any(d in ("float16", "bfloat16") for d in dtypes):
         needs.add(C.HALF_PRECISION)
+    derived = {LIFECYCLE} if steps > 1 else set()
+    if len(dtypes) > 1:
+        derived.add(DTYPES)
     cap_tag = "default" if cap is None else ("off" if cap <= 0 else f"{cap:g}mb")
     return Scenario(
         id=f"bucketer/{name}/{cap_tag}/w{w}/{'-'.join(SHORT[d] for d in dtypes)}",
@@ -143,40 +193,60 @@ def make(name: str, kind: str, *, w: int = 2, cap: float | None = None, dtypes: 
         profiles=profiles,
         timeout_s=30.0,
         description=description,
+        clauses=tuple(sorted(set(CORE) | set(clauses) | derived, key=lambda c: int(c[1:]))),
     )
 
 
 MIXED = ("float32", "float64", "int64", "float16")
 TINY = 0.0005  # 524 bytes per bucket: a flush every few inputs
+# Clauses every scenario checks (docs/contracts/bucketer.md): values, exactly once, results stay
+# valid, deferred FIFO order; the others name what a scenario adds.
+CORE = ("B1", "B2", "B3", "B5")
+IMMEDIATE, REUSE, GROUPS, FORMS, LAYOUTS, EMPTY, LIFECYCLE, DTYPES = "B4", "B6", "B7", "B8", "B9", "B10", "B11", "B12"
 
 
 def scenarios() -> list[Scenario]:
     out = [
         make("mixed", "mixed", w=2, cap=TINY, dtypes=MIXED, steps=2,
              description="mixed sizes, shapes and dtypes; tiny cap: many flushes to make room; two rounds"),
-        make("oversized", "oversized", w=2, cap=0.01, big_numel=2000,
+        make("oversized", "oversized", w=2, cap=0.01, big_numel=2000, clauses=(IMMEDIATE,),
              description="one input larger than a shard (1310 fp32 elements at w2): its callback runs "
                          "before the call returns, ahead of earlier small inputs (documented by both)"),
+        make("groups", "groups", w=2, cap=TINY, group="self", steps=2, clauses=(GROUPS,),
+             description="WORLD and a group of one interleaved: one bucket per group, sums over its members"),
+        make("forms", "layouts", w=2, cap=0.005, keyword=True, idle_flush=True, clauses=(FORMS, LAYOUTS, LIFECYCLE),
+             description="keyword calls; 0-dim, transposed and strided chunks; flush with nothing queued"),
         make("mixed", "mixed", w=1, cap=TINY, dtypes=MIXED, profiles=STANDARD, description="world size 1"),
         make("mixed", "mixed", w=3, cap=TINY, dtypes=MIXED, profiles=STANDARD),
         make("mixed", "mixed", w=4, cap=TINY, dtypes=MIXED, steps=2, profiles=STANDARD),
         make("mixed", "mixed", w=2, dtypes=MIXED, profiles=STANDARD, description="default cap: one flush"),
-        make("disabled", "mixed", w=2, cap=0, dtypes=MIXED, profiles=STANDARD,
+        make("disabled", "mixed", w=2, cap=0, dtypes=MIXED, profiles=STANDARD, clauses=(IMMEDIATE,),
              description="cap 0 disables bucketing: every callback before its call returns"),
-        make("disabled", "mixed", w=3, cap=0, profiles=STANDARD),
+        make("disabled", "mixed", w=3, cap=0, profiles=STANDARD, clauses=(IMMEDIATE,)),
         make("many-small", "many-small", w=2, dtypes=("float32", "float16"), count=200, profiles=STANDARD,
              description="200 tiny inputs, default cap"),
         make("many-small", "many-small", w=4, cap=0.001, count=200, profiles=STANDARD),
         make("oversized", "oversized", w=4, cap=0.01, dtypes=("float32", "float64"), big_numel=1000,
-             big_at=(0, 4, 8), profiles=STANDARD),
+             big_at=(0, 4, 8), profiles=STANDARD, clauses=(IMMEDIATE,)),
         make("oversized", "oversized", w=3, cap=0.01, dtypes=("float64",), big_numel=500, steps=2,
-             profiles=STANDARD),
-        make("reuse", "reuse", w=2, cap=TINY, dtypes=MIXED, reuse=True, profiles=STANDARD,
+             profiles=STANDARD, clauses=(IMMEDIATE,)),
+        make("reuse", "reuse", w=2, cap=TINY, dtypes=MIXED, reuse=True, profiles=STANDARD, clauses=(REUSE,),
              description="inputs overwritten right after each call returns: results unchanged"),
-        make("zero-size", "zero-size", w=2, cap=TINY, profiles=STANDARD,
+        make("zero-size", "zero-size", w=2, cap=TINY, profiles=STANDARD, clauses=(EMPTY,),
              description="inputs with no elements: their callbacks too run exactly once, with an empty result"),
-        make("only-empty", "only-empty", w=2, cap=TINY, profiles=STANDARD,
+        make("only-empty", "only-empty", w=2, cap=TINY, profiles=STANDARD, clauses=(EMPTY,),
              description="a round whose only inputs have no elements: callbacks still run exactly once"),
+        make("groups", "groups", w=4, cap=TINY, group="pairs", dtypes=("float32", "int64"), steps=2,
+             profiles=STANDARD, clauses=(GROUPS,),
+             description="WORLD and pairs of ranks interleaved (two groups of two at w4)"),
+        make("groups", "groups", w=3, cap=0, group="pairs", profiles=STANDARD, clauses=(GROUPS, IMMEDIATE),
+             description="bucketing off; pairs at w3 (ranks 0-1 and rank 2 alone)"),
+        make("keyword", "mixed", w=2, cap=TINY, dtypes=MIXED, keyword=True, profiles=STANDARD, clauses=(FORMS,),
+             description="every call by keyword: input_list=, group=, callback_fn="),
+        make("layouts", "layouts", w=3, cap=0.005, dtypes=("float64", "int64"), steps=2, profiles=STANDARD,
+             clauses=(LAYOUTS,), description="0-dim, transposed and strided chunks at w3, two rounds"),
+        make("idle-flush", "mixed", w=2, cap=TINY, idle_flush=True, steps=3, profiles=STANDARD, clauses=(LIFECYCLE,),
+             description="flush before any call and twice at the end; three rounds on one bucketer"),
         make("bf16", "mixed", w=2, cap=TINY, dtypes=("bfloat16", "int32"), profiles=FULL),
     ]
     for w in (1, 2, 3, 4):

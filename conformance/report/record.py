@@ -26,6 +26,7 @@ def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message:
         "tolerance_reason": scenario.tolerance.reason,
         "seed": scenario.seed,
         "upstream": scenario.upstream,
+        "clauses": list(scenario.clauses),
         "description": scenario.description,
         "verdict": verdict,
         "message": message,

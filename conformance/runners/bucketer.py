@@ -15,12 +15,38 @@ import time
 import torch
 
 from conformance.adapters import registry
-from conformance.catalogue.bucketer import chunk, must_be_immediate, plan
+from conformance.catalogue.bucketer import (
+    chunk,
+    group_members,
+    must_be_immediate,
+    plan,
+    with_layout,
+)
 from conformance.compare import ConformanceError, compare_tensor, failure_message
 from conformance.contract import Checked, repro_command
 from conformance.spec import Scenario
 
 TASK = "conformance.runners.bucketer:run"
+_GROUPS: dict[tuple, object] = {}  # (world group, kind, rank) -> this rank's group of that kind
+
+
+def _group(ctx, kind: str):
+    """This rank's process group of `kind`, created once per rank process (every rank creates
+    every group of the kind, in the same order: `new_group` is collective over the world)."""
+    import torch.distributed as dist
+
+    if kind == "world":
+        return ctx.group
+    key = (id(ctx.group), kind, ctx.rank)
+    if key not in _GROUPS:
+        W = ctx.world_size
+        made = {}
+        for r in range(W):
+            members = tuple(group_members(kind, r, W))
+            if members not in made:
+                made[members] = dist.new_group(list(members))
+        _GROUPS[key] = made[tuple(group_members(kind, ctx.rank, W))]
+    return _GROUPS[key]
 
 
 def run(payload, ctx) -> dict:
@@ -28,38 +54,54 @@ def run(payload, ctx) -> dict:
     scenario: Scenario
     adapter = registry.load(adapter_spec)
     calls = plan(scenario)
-    reuse = bool(scenario.kwargs().get("reuse"))
+    kw = scenario.kwargs()
+    reuse, keyword, idle_flush = bool(kw.get("reuse")), bool(kw.get("keyword")), bool(kw.get("idle_flush"))
     W, rank = ctx.world_size, ctx.rank
+    groups = {kind: _group(ctx, kind) for kind in sorted({c.group for c in calls})}
     bucketer = adapter.make(scenario.options.bucket_cap_mb)
     rounds = []
+    error = None
     t0 = time.perf_counter()
-    for round_ in range(scenario.steps):
-        log: list[tuple] = []
-        kept: dict[int, list[torch.Tensor]] = {}
+    try:
+        for round_ in range(scenario.steps):
+            log: list[tuple] = []
+            kept: dict[int, list[torch.Tensor]] = {}
 
-        def callback(out, i, log=log, kept=kept):
-            log.append(("callback", i, out.detach().to("cpu", copy=True)))
-            kept.setdefault(i, []).append(out)
+            def callback(out, i, log=log, kept=kept):
+                log.append(("callback", i, out.detach().to("cpu", copy=True)))
+                kept.setdefault(i, []).append(out)
 
-        for i, call in enumerate(calls):
-            inputs = [chunk(scenario, round_=round_, rank=rank, index=i, dest=d, call=call, device=ctx.device)
-                      for d in range(W)]
-            log.append(("enter", i))
-            fn = (lambda out, i=i: callback(out, i)) if call.callback else None
-            bucketer.reduce_scatter_async(inputs, ctx.group, fn)
-            log.append(("return", i))
-            if reuse:
-                for t in inputs:
-                    t.fill_(99)
-        log.append(("flush",))
-        bucketer.flush()
-        log.append(("flushed",))
-        teardown = getattr(bucketer, "teardown", None)
-        if callable(teardown):
-            teardown()
-        after = {i: [t.detach().to("cpu", copy=True) for t in ts] for i, ts in kept.items()}
-        rounds.append({"log": log, "after_flush": after})
-    return {"rounds": rounds, "seconds": time.perf_counter() - t0}
+            if idle_flush:  # nothing queued yet: a no-op
+                bucketer.flush()
+            for i, call in enumerate(calls):
+                size = len(group_members(call.group, rank, W))
+                inputs = [with_layout(chunk(scenario, round_=round_, rank=rank, index=i, dest=d, call=call,
+                                            device=ctx.device), call.layout) for d in range(size)]
+                log.append(("enter", i))
+                fn = (lambda out, i=i: callback(out, i)) if call.callback else None
+                if keyword:
+                    bucketer.reduce_scatter_async(input_list=inputs, group=groups[call.group], callback_fn=fn)
+                else:
+                    bucketer.reduce_scatter_async(inputs, groups[call.group], fn)
+                log.append(("return", i))
+                if reuse:
+                    for t in inputs:
+                        t.fill_(99)
+            log.append(("flush",))
+            bucketer.flush()
+            if idle_flush:
+                bucketer.flush()
+            log.append(("flushed",))
+            teardown = getattr(bucketer, "teardown", None)
+            if callable(teardown):
+                teardown()
+            after = {i: [t.detach().to("cpu", copy=True) for t in ts] for i, ts in kept.items()}
+            rounds.append({"log": log, "after_flush": after})
+    except Exception as exc:  # noqa: BLE001 - recorded and judged: the pool stays healthy
+        error = f"{type(exc).__name__}: {exc}"
+    # Known-bad bucketers count where their bug changed what the correct one would have done.
+    return {"rounds": rounds, "seconds": time.perf_counter() - t0, "error": error,
+            "mutation_fired": getattr(bucketer, "mutation_fired", None)}
 
 
 def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
@@ -81,9 +123,11 @@ def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
 
 
 def expected_result(scenario: Scenario, round_: int, rank: int, index: int, call) -> torch.Tensor:
+    """The sum over the members of the call's group of their chunk for `rank` (its group rank)."""
+    members = group_members(call.group, rank, scenario.world_size)
     total = None
-    for src in range(scenario.world_size):
-        c = chunk(scenario, round_=round_, rank=src, index=index, dest=rank, call=call)
+    for src in members:
+        c = chunk(scenario, round_=round_, rank=src, index=index, dest=members.index(rank), call=call)
         total = c if total is None else total + c
     return total
 
@@ -105,6 +149,8 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
     if missing:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: no result from rank(s) {missing}")
     for rank in range(scenario.world_size):
+        if records[rank].get("error"):
+            fail(rank, f"round {len(records[rank]['rounds'])}", f"the implementation raised {records[rank]['error']}")
         rounds = records[rank]["rounds"]
         if len(rounds) != scenario.steps:
             fail(rank, "at the end", f"{len(rounds)} rounds recorded, {scenario.steps} expected")
@@ -141,7 +187,10 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                     m = compare_tensor(f"call {i} {call.dtype}{list(call.shape)}", expected[i], value, tol)
                     count += 1
                     if m:
-                        fail(rank, where, f"call {i}: the callback's result is not the sum over ranks of chunk {rank}", [m])
+                        members = group_members(call.group, rank, scenario.world_size)
+                        group = "" if call.group == "world" else f" of its group {members}"
+                        fail(rank, where, f"call {i}: the callback's result is not the sum over ranks{group} of "
+                                          f"chunk {members.index(rank)}", [m])
             lost = [i for i, c in enumerate(calls) if c.callback and i not in seen]
             if lost:
                 fail(rank, where, f"callbacks of call(s) {lost[:10]} never ran by the end of flush() "
@@ -157,17 +206,17 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                                       "flush (it must stay valid)", [m])
             # Order 4a: immediate where documented.
             for i, (_pos, during) in sorted(seen.items()):
-                if must_be_immediate(scenario, calls[i]) and during != i:
+                if must_be_immediate(scenario, calls[i], rank) and during != i:
                     when = "during flush()" if during is None else f"during call {during}"
                     fail(rank, where, f"call {i} ({calls[i].numel} elements > one shard of the bucket, or bucketing "
                                       f"disabled) must be reduced before its call returns; its callback ran {when}")
-            # Order 4b: deferred callbacks of one dtype in submission order.
-            last: dict[str, tuple[int, int]] = {}
+            # Order 4b: deferred callbacks of one dtype and group in submission order.
+            last: dict[tuple, tuple[int, int]] = {}
             for pos, i in sorted((p, i) for i, (p, during) in seen.items() if during != i):
-                dtype = calls[i].dtype
-                if dtype in last and last[dtype][1] > i:
-                    fail(rank, where, f"deferred {dtype} callbacks out of submission order: call {i}'s ran after "
-                                      f"call {last[dtype][1]}'s (a bucket runs its callbacks first in, first out)")
-                last[dtype] = (pos, i)
+                key = (calls[i].dtype, calls[i].group)
+                if key in last and last[key][1] > i:
+                    fail(rank, where, f"deferred {key[0]} callbacks out of submission order: call {i}'s ran after "
+                                      f"call {last[key][1]}'s (a bucket runs its callbacks first in, first out)")
+                last[key] = (pos, i)
             count += 1
     return Checked(count)

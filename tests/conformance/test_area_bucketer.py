@@ -1,12 +1,13 @@
 """The bucketer area: catalogue shape and plans, refimpl and FairScale on warm pools, and
-known-bad bucketers (callback twice, lost callback, wrong chunk, no reduction, reversed order,
-overwritten results) each caught with a message that says what is wrong."""
+the zoo's known-bad bucketers (one per clause of docs/contracts/bucketer.md) each caught with
+a message that says what is wrong, where its bug fired; the correct base passes the same path."""
 
 
 import pytest
 
 from conformance import catalogue
-from conformance.adapters.bucketer import MUTANTS, FairScaleBucketer
+from conformance.adapters.bucketer import FairScaleBucketer
+from conformance.fixtures.mutants import bucketer as zoo
 from conformance.catalogue.bucketer import chunk, must_be_immediate, plan, shard_elements
 from conformance.compare import ConformanceError
 from conformance.runners import bucketer as driver
@@ -33,7 +34,7 @@ def test_catalogue_covers_the_issue():
     assert any(must_be_immediate(over, c) for c in plan(over)) and not all(must_be_immediate(over, c) for c in plan(over))
     assert not any(must_be_immediate(s, c) for s in standard if s.options.bucket_cap_mb is None for c in plan(s))
     quick = catalogue.select(area="bucketer", profile="quick")
-    assert 1 <= len(quick) <= 3
+    assert 1 <= len(quick) <= 4
 
 
 def test_plans_and_data_are_deterministic_integers():
@@ -70,33 +71,54 @@ def test_implementations_conform(session, adapter, scenario_id):
     assert driver.check(_get(scenario_id), adapter, session).comparisons > 10
 
 
+FORMS = "bucketer/forms/0.005mb/w2/fp32"
+GROUPS = "bucketer/groups/0.0005mb/w2/fp32"
+# mutant -> (a scenario whose clause it breaks, what the failure says)
 CAUGHT = {
-    "mutant-bucketer-calls-twice": "ran a second time",
-    "mutant-bucketer-loses-last": "never ran by the end of flush()",
-    "mutant-bucketer-wrong-chunk": "is not the sum over ranks of chunk",
-    "mutant-bucketer-not-reduced": "is not the sum over ranks of chunk",
-    "mutant-bucketer-reversed": "out of submission order",
-    "mutant-bucketer-reuses-output": "changed after a later flush",
+    "calls-twice": (MIXED, "ran a second time"),
+    "loses-last": (MIXED, "never ran by the end of flush()"),
+    "wrong-chunk": (MIXED, "is not the sum over ranks of chunk"),
+    "not-reduced": (MIXED, "is not the sum over ranks of chunk"),
+    "reversed-order": ("bucketer/mixed/default/w2/fp32-fp64-i64-fp16", "out of submission order"),
+    "reuses-output": (MIXED, "changed after a later flush"),
+    "defers-oversized": (OVERSIZED, "must be reduced before its call returns"),
+    "keeps-input-reference": ("bucketer/reuse/0.0005mb/w2/fp32-fp64-i64-fp16", "is not the sum over ranks of chunk"),
+    "ignores-group": (GROUPS, "the implementation raised"),
+    "keyword-callback-ignored": (FORMS, "never ran by the end of flush()"),
+    "ignores-strides": (FORMS, "is not the sum over ranks of chunk"),
+    "skips-empty": ("bucketer/zero-size/0.0005mb/w2/fp32", "never ran by the end of flush()"),
+    "stale-rounds": (MIXED, "is not the sum over ranks of chunk"),
+    "one-dtype": (MIXED, "dtype torch.float32 but expected"),
 }
 
 
+def test_every_clause_has_a_mutant_and_a_scenario():
+    assert set(CAUGHT) == set(zoo.MUTANTS) and len(zoo.MUTANTS) >= 8
+    clauses = {c for s in catalogue.select(area="bucketer", profile="standard") for c in s.clauses}
+    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"B{i}" for i in range(1, 13)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_broken_bucketers_are_caught(session, name):
-    assert set(CAUGHT) == set(MUTANTS)
-    spec = f"conformance.adapters.bucketer:{MUTANTS[name].__name__}"
-    # reversed order shows best where no input is oversized (those must run at once anyway)
-    scenario_id = "bucketer/mixed/default/w2/fp32-fp64-i64-fp16" if name.endswith("reversed") else MIXED
+@pytest.mark.parametrize("name", sorted(CAUGHT))
+def test_broken_bucketers_are_caught_where_they_fire(session, name):
+    scenario_id, needle = CAUGHT[name]
+    spec = f"conformance.fixtures.mutants.bucketer:{name.replace('-', '_')}"
     with pytest.raises(ConformanceError) as info:
         driver.check(_get(scenario_id), spec, session)
     message = str(info.value)
-    assert scenario_id in message and CAUGHT[name] in message, message
+    assert scenario_id in message and needle in message, message
     assert "rank " in message and "repro: gradparity run" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario_id", [MIXED, FORMS, GROUPS])
+def test_the_zoo_base_passes_through_the_same_path(session, scenario_id):
+    assert driver.check(_get(scenario_id), "conformance.fixtures.mutants.bucketer:correct", session).comparisons > 10
 
 
 @pytest.mark.slow
 def test_immediate_rule_is_checked(session):
     """A bucketer that defers even oversized inputs to flush() breaks the documented order."""
-    spec = "conformance.adapters.bucketer:Reversed"  # defers everything
+    spec = "conformance.fixtures.mutants.bucketer:reversed_order"  # defers everything
     with pytest.raises(ConformanceError, match="must be reduced before its call returns"):
         driver.check(_get(OVERSIZED), spec, session)

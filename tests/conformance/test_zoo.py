@@ -52,10 +52,10 @@ def _result(adapter, scenario, verdict="passed", *, kind="", fired=0, records=2)
 
 
 def _judge(mutant: str, *results):
-    spec = registry.ddp_class_spec(mutants.MUTANTS[mutant][0])
+    chosen = mutants.area_zoo("ddp").mutants[mutant]
     rows = [_result(zoo.BASE, "s", "passed"), _result(zoo.BASE, "broken", "failed", kind="wrong")]
-    rows += [_result(spec, *r[:2], **r[2]) for r in results]
-    doc = zoo.judge(rows, {mutant: mutants.MUTANTS[mutant]}, [zoo.BASE])
+    rows += [_result(chosen.spec, *r[:2], **r[2]) for r in results]
+    doc = zoo.judge(rows, {mutant: chosen}, [zoo.BASE])
     return doc["table"][0]
 
 
@@ -81,6 +81,44 @@ def test_a_hang_counts_only_for_a_mutant_whose_failure_mode_is_a_hang():
     assert row["caught_by"] == ["s"] and row["how"]["s"] == "hang"
     row = _judge("no-divide", ("s", "failed", {"kind": "hang", "fired": None, "records": 0}))
     assert row["caught_by"] == []
+
+
+def test_every_area_has_a_zoo_of_loadable_mutants():
+    for area in mutants.ZOO_AREAS:
+        area_zoo = mutants.area_zoo(area)
+        assert area_zoo.base in area_zoo.controls
+        for name, m in area_zoo.mutants.items():
+            adapter = registry.load(m.spec)
+            assert adapter.area == area and m.bug and "\n" not in m.bug, (area, name)
+        if area != "ddp":
+            assert len(area_zoo.mutants) >= 8 and all(m.clause for m in area_zoo.mutants.values()), area
+            assert registry.load(area_zoo.base).area == area
+
+
+def test_clause_table_counts_catching_scenarios_per_clause():
+    chosen = mutants.area_zoo("bucketer").mutants["calls-twice"]
+    base = mutants.area_zoo("bucketer").base
+    rows = [_result(base, s, "passed") | {"clauses": c} for s, c in (("a", ["B1", "B2"]), ("b", ["B2", "B7"]), ("c", ["B9"]))]
+    rows += [_result(chosen.spec, "a", "failed", kind="wrong", fired=1) | {"clauses": ["B1", "B2"]},
+             _result(chosen.spec, "b", "failed", kind="wrong", fired=0) | {"clauses": ["B2", "B7"]},
+             _result(chosen.spec, "c", "passed", fired=0) | {"clauses": ["B9"]}]
+    doc = zoo.judge(rows, {"calls-twice": chosen}, [base], base=base)
+    row = doc["table"][0]
+    assert row["clause"] == "B2" and row["by_clause"] == {"B1": ["a"], "B2": ["a"]}
+    assert doc["clauses"] == ["B1", "B2", "B7", "B9"] and doc["scenarios_per_clause"] == {"B1": 1, "B2": 2, "B7": 1, "B9": 1}
+    assert "Clause × mutant" in zoo._clause_html(doc | {"area": "bucketer"})
+
+
+@pytest.mark.slow
+def test_an_area_zoo_runs_end_to_end(tmp_path):
+    """`gradparity zoo --area bucketer` on one mutant: caught where it fired, the base passes."""
+    base = mutants.area_zoo("bucketer").base
+    code, doc = zoo.zoo("quick", area="bucketer", report_dir=str(tmp_path), mutants=["calls-twice"], controls=[base],
+                        console=Console(width=160))
+    assert code == 0 and doc["area"] == "bucketer" and doc["controls"][base]["failed"] == 0
+    row = doc["table"][0]
+    assert row["caught_by"] and not row["failed_not_fired"] and "B2" in row["by_clause"]
+    assert "Clause × mutant (bucketer)" in (tmp_path / "zoo.html").read_text()
 
 
 # -- the zoo itself ---------------------------------------------------------------------------------
