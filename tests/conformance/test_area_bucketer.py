@@ -7,9 +7,9 @@ import pytest
 
 from conformance import catalogue
 from conformance.adapters.bucketer import FairScaleBucketer
-from conformance.fixtures.mutants import bucketer as zoo
 from conformance.catalogue.bucketer import chunk, must_be_immediate, plan, shard_elements
 from conformance.compare import ConformanceError
+from conformance.fixtures.mutants import bucketer as zoo
 from conformance.runners import bucketer as driver
 
 
