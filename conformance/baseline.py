@@ -11,7 +11,10 @@ every rank computes on its own shard, and derives what a correct implementation 
   gradients, and rank 0's buffers.
 
 Buffers follow DDP's rule (rank 0 broadcasts before each forward): every shard is forwarded
-from rank 0's buffers, and only rank 0's update is kept.
+from rank 0's buffers, and only rank 0's update is kept. An adapter that declares other rules
+(conformance.semantics: buffers never synced or broadcast after backward, construction sync at
+the first forward, unused parameters as zeros, micro-batches averaged) gets an oracle that
+models exactly those rules.
 
 Each rank's gradient is computed with the same kernels and shapes the rank itself uses
 (one `autograd.grad` per shard) and summed across ranks last, so for world sizes 1 and 2
@@ -29,6 +32,14 @@ import torch
 from torch import Tensor
 
 from conformance.fixtures.data import build_model, loss_fn, make_inputs, make_optimizer
+from conformance.semantics import (
+    TORCH_DDP,
+    Accumulation,
+    Buffers,
+    ConstructionSync,
+    Semantics,
+    Unused,
+)
 from conformance.spec import Scenario
 
 Grads = dict[str, Tensor | None]
@@ -61,6 +72,15 @@ class Baseline:
     init_params: dict[str, Tensor]
     init_buffers: dict[str, Tensor]
     events: list[Expected]
+    # Per-rank state after construction where a declared rule leaves ranks unsynchronized
+    # (construction sync at the first forward; buffers never synchronized); None: rank 0's.
+    init_params_ranks: list[dict[str, Tensor]] | None = None
+    init_buffers_ranks: list[dict[str, Tensor]] | None = None
+
+    def init_for(self, rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        params = self.init_params_ranks[rank] if self.init_params_ranks else self.init_params
+        buffers = self.init_buffers_ranks[rank] if self.init_buffers_ranks else self.init_buffers
+        return params, buffers
 
 
 _THREADS_LOCK = threading.Lock()  # torch's thread count is process-global
@@ -106,13 +126,23 @@ def average(local: list[Grads], world_size: int) -> Grads:
 
 
 @functools.lru_cache(maxsize=256)
-def compute(scenario: Scenario) -> Baseline:
-    """The oracle for `scenario`, computed once per process and reused for every adapter."""
+def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
+    """The oracle for `scenario` under the declared `semantics`, computed once per process."""
     with _single_thread():
-        return _compute(scenario)
+        return _compute(scenario, semantics)
 
 
-def _compute(scenario: Scenario) -> Baseline:
+def _own_state(scenario: Scenario, rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Rank `rank`'s parameters and buffers as it built them (before any synchronization)."""
+    m = build_model(
+        scenario.model, scenario.kwargs(), seed=scenario.seed, rank=rank,
+        dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
+    )
+    return ({n: p.detach().clone() for n, p in m.named_parameters()},
+            {n: b.detach().clone() for n, b in m.named_buffers()})
+
+
+def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
     W = scenario.world_size
     torch.manual_seed(scenario.seed)
     model = build_model(
@@ -126,15 +156,32 @@ def _compute(scenario: Scenario) -> Baseline:
     buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
     baseline = Baseline(scenario, state(), buffers(), [])
 
+    # What each rank holds after construction: rank 0's state, unless a declared rule says the
+    # sync happens later (first forward) or never (buffers).
+    lazy = sem.construction_sync == ConstructionSync.FIRST_FORWARD
+    own = [_own_state(scenario, r) for r in range(W)] if (lazy or sem.buffers == Buffers.NEVER) else None
+    if lazy:
+        baseline.init_params_ranks = [own[r][0] for r in range(W)]
+    rank_buffers = [buffers()] * W
+    if own is not None and (lazy or sem.buffers == Buffers.NEVER):
+        rank_buffers = [own[r][1] for r in range(W)]
+        baseline.init_buffers_ranks = list(rank_buffers)
+        if sem.buffers in (Buffers.CONSTRUCTION_ONLY, Buffers.AFTER_BACKWARD):
+            rank_buffers = [rank_buffers[0]] * W  # the lazy construction sync copies rank 0's
+    mean = sem.accumulation == Accumulation.MEAN
+    # After zero_grad(set_to_none=False) a gradient is a zero tensor, not None: carried into the
+    # next step (an unused parameter then keeps zeros, as torch DDP leaves it unchanged).
+    carried: dict[str, Tensor | None] = {n: None for n, _ in named}
+
     for step in range(scenario.steps):
-        local: list[Grads] = [{n: None for n, _ in named} for _ in range(W)]
+        local: list[Grads] = [dict(carried) for _ in range(W)]
         for micro in range(scenario.micro_batches):
             synced = micro == scenario.micro_batches - 1
-            start_buffers = buffers()
-            rank0_buffers = start_buffers
             after_forward = []
             for rank in range(W):
-                _load_buffers(model, start_buffers)  # every rank forwards from rank 0's buffers
+                # torch DDP: every rank forwards from rank 0's buffers; otherwise its own.
+                start = rank_buffers[0] if sem.buffers == Buffers.BEFORE_FORWARD else rank_buffers[rank]
+                _load_buffers(model, start)
                 (x,) = make_inputs(
                     scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
                     size=scenario.shard_size(rank), dtype=scenario.dtype, device=scenario.device,
@@ -145,13 +192,22 @@ def _compute(scenario: Scenario) -> Baseline:
                 else:
                     grads = [None] * len(params)
                 for (name, _), g in zip(named, grads, strict=True):
-                    local[rank][name] = _add(local[rank][name], _dense(g))
+                    g = _dense(g)
+                    if mean and g is not None:
+                        g = g / scenario.micro_batches
+                    local[rank][name] = _add(local[rank][name], g)
                 after_forward.append(buffers())
-                if rank == 0:
-                    rank0_buffers = after_forward[0]
-            _load_buffers(model, rank0_buffers)  # rank 0's update wins at the next forward
+            if sem.buffers == Buffers.BEFORE_FORWARD:
+                rank_buffers = [after_forward[0]] * W  # rank 0's update wins at the next forward
+            elif sem.buffers == Buffers.AFTER_BACKWARD and synced:
+                rank_buffers = [after_forward[0]] * W  # rank 0's buffers broadcast after backward
+            else:
+                rank_buffers = after_forward
+            _load_buffers(model, rank_buffers[0])
             if synced:
                 avg = average(local, W)
+                if sem.unused == Unused.ZEROS:
+                    avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
                 baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
             else:
                 snapshot = [{n: _dense(g) for n, g in grads.items()} for grads in local]
@@ -161,8 +217,15 @@ def _compute(scenario: Scenario) -> Baseline:
                 g = avg[name]
                 p.grad = None if g is None else g.clone()
             optimizer.step()
+            set_to_none = scenario.zero_grad != "alternate" or step % 2 == 0
+            carried = {n: None if (set_to_none or avg[n] is None) else torch.zeros_like(p) for n, p in named}
             optimizer.zero_grad(set_to_none=True)
-        per_rank = after_forward if scenario.micro_batches == 1 else [buffers()] + [None] * (W - 1)
+        if sem.buffers == Buffers.BEFORE_FORWARD:
+            # Ranks other than 0 are modelled with one micro-batch per step only: under
+            # no_sync, torch DDP skips the broadcast at the next forward.
+            per_rank = after_forward if scenario.micro_batches == 1 else [buffers()] + [None] * (W - 1)
+        else:
+            per_rank = list(rank_buffers)
         baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=per_rank))
     return baseline
 

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from conformance.baseline import Baseline
 from conformance.compare import EXACT_ACROSS_RANKS, ConformanceError, compare_dicts, failure_message
+from conformance.semantics import TORCH_DDP, Buffers, Semantics
 from conformance.spec import Expect, Scenario
+
+_BUFFER_RULES = {
+    Buffers.BEFORE_FORWARD: "rank 0's buffers are broadcast before each forward",
+    Buffers.NEVER: "declared: buffers are never synchronized, each rank keeps its own",
+    Buffers.CONSTRUCTION_ONLY: "declared: rank 0's buffers at construction, then each rank its own",
+    Buffers.AFTER_BACKWARD: "declared: rank 0's buffers are broadcast after each synced backward",
+}
 
 
 @dataclass
@@ -30,9 +38,16 @@ def repro_command(scenario: Scenario, adapter: str) -> str:
     return f"gradparity run {adapter_arg} --scenario {scenario.id}{device}"
 
 
-def check_records(scenario: Scenario, adapter: str, baseline: Baseline, records: dict[int, dict]) -> Checked:
-    """Raise ConformanceError at the first violation; return a summary otherwise."""
-    tol = scenario.tolerance
+def check_records(
+    scenario: Scenario, adapter: str, baseline: Baseline, records: dict[int, dict], *, semantics: Semantics = TORCH_DDP,
+) -> Checked:
+    """Raise ConformanceError at the first violation; return a summary otherwise.
+
+    `baseline` must have been computed under the same declared `semantics`; a declared lossy
+    bound replaces the scenario's tolerance against the oracle (ranks stay bitwise).
+    """
+    tol = semantics.lossy or scenario.tolerance
+    buffer_rule = _BUFFER_RULES[semantics.buffers]
     repro = repro_command(scenario, adapter)
     count = 0
 
@@ -48,15 +63,19 @@ def check_records(scenario: Scenario, adapter: str, baseline: Baseline, records:
     if missing:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter}: no result from rank(s) {missing}")
 
-    # 1. Construction: rank 0's parameters and buffers everywhere.
+    # 1. Construction: rank 0's parameters and buffers everywhere (or, where a declared rule
+    #    defers the sync, each rank's own).
     for rank in range(scenario.world_size):
         init = records[rank]["init"]
-        for kind, expected in (("parameters", baseline.init_params), ("buffers", baseline.init_buffers)):
+        params, buffers = baseline.init_for(rank)
+        for kind, expected, own in (("parameters", params, baseline.init_params_ranks),
+                                    ("buffers", buffers, baseline.init_buffers_ranks)):
             bad = compare_dicts(expected, init[kind], EXACT_ACROSS_RANKS)
             count += 1
             if bad:
-                fail(rank, "after construction", f"{kind} differ from rank 0's initial {kind} (construction-time broadcast)",
-                     bad, EXACT_ACROSS_RANKS)
+                why = (f"{kind} differ from this rank's own initial {kind} (declared: {semantics.describe()})" if own
+                       else f"{kind} differ from rank 0's initial {kind} (construction-time broadcast)")
+                fail(rank, "after construction", why, bad, EXACT_ACROSS_RANKS)
 
     # 2. Events, in training order.
     errors = {r: rec.get("error") for r, rec in records.items()}
@@ -85,8 +104,7 @@ def check_records(scenario: Scenario, adapter: str, baseline: Baseline, records:
             if wanted is not None and scenario.buffer_rule == "rank0-broadcast":
                 bad = compare_dicts(wanted, actual["buffers"], tol)
                 if bad:
-                    fail(rank, expected.where(),
-                         "buffers differ from the oracle (rule: rank 0's buffers are broadcast before each forward)", bad)
+                    fail(rank, expected.where(), f"buffers differ from the oracle (rule: {buffer_rule})", bad)
         if expected.synced:
             reference = records[0]["events"][index]["values"]
             for rank in present[1:]:

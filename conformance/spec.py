@@ -31,6 +31,7 @@ class Capability(str, enum.Enum):
     BUFFER_BROADCAST = "broadcast_buffers"
     HALF_PRECISION = "half_precision"
     CUDA = "cuda"
+    ENGINE_ZERO_GRAD = "engine_zero_grad"  # the wrapper has its own zero_grad(set_to_none=...)
 
     def __str__(self) -> str:  # shows up in skip reasons
         return self.value
@@ -133,12 +134,23 @@ class Scenario:
     description: str = ""
     upstream: str = ""  # e.g. "pytorch/pytorch#128949" when the scenario exists for a known bug
     clauses: tuple[str, ...] = ()  # contract clauses it checks (docs/contracts/<area>.md), e.g. ("B3",)
+    # How gradients are cleared after each step (see conformance.runners.ddp): "optimizer"
+    # (optimizer.zero_grad(set_to_none=True), torch 2.x's default), "alternate" (set_to_none
+    # True on even steps, False on odd ones) or "engine" (the wrapper's own zero_grad).
+    zero_grad: str = "optimizer"
+    # Rank-skewed timing: the last rank sleeps before "backward" or before the optimizer "step",
+    # so collectives arrive out of lockstep. "" for none.
+    skew: str = ""
 
     def __post_init__(self) -> None:
         if self.area not in AREAS:
             raise ValueError(f"scenario {self.id}: unknown area {self.area!r}; one of {AREAS}")
         if self.world_size < 1:
             raise ValueError(f"scenario {self.id}: world_size must be >= 1")
+        if self.zero_grad not in ("optimizer", "alternate", "engine"):
+            raise ValueError(f"scenario {self.id}: zero_grad must be optimizer, alternate or engine")
+        if self.skew not in ("", "backward", "step"):
+            raise ValueError(f"scenario {self.id}: skew must be '', backward or step")
         if self.shard_sizes and len(self.shard_sizes) != self.world_size:
             raise ValueError(
                 f"scenario {self.id}: {len(self.shard_sizes)} shard sizes for world size {self.world_size}"

@@ -25,6 +25,7 @@ DDP_CAPABILITIES = frozenset(
         Capability.BUCKET_CAP,
         Capability.BUFFER_BROADCAST,
         Capability.HALF_PRECISION,
+        Capability.ENGINE_ZERO_GRAD,
     }
 )
 
@@ -60,6 +61,10 @@ class DDPLikeWrapped:
 
     def no_sync(self) -> AbstractContextManager:
         return self.ddp.no_sync()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapper's own zero_grad (an nn.Module's, unless the engine overrides it)."""
+        self.ddp.zero_grad(set_to_none=set_to_none)
 
     def full_gradients(self) -> dict[str, Tensor | None]:
         return {n: _cpu(p.grad) for n, p in self.module.named_parameters() if p.requires_grad}

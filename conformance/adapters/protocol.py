@@ -4,12 +4,52 @@ An adapter object lives in each rank process (it is re-created there from its sp
 so nothing unpicklable crosses processes). The DDP and sharded areas share `Adapter`/`Wrapped`;
 other areas (data_parallel, bucketer, dist_autograd) declare small protocols of their own
 next to their runners.
+
+Protocol v2 (engines that own more than the reducer: DeepSpeed, FairScale OSS,
+`ZeroRedundancyOptimizer`). All of it is optional; an adapter without it is driven as before.
+
+- `Adapter.owns`: a subset of {"optimizer", "backward", "zero_grad"}.
+  * "optimizer": `wrap(module, ctx, options, optimizer=OptimizerSpec)` is called with the
+    scenario's optimizer, and `Wrapped.optimizer` is what the runner steps and zeroes.
+  * "backward": the runner calls `Wrapped.backward(loss)` instead of `loss.backward()` (for
+    engines that refuse a plain backward, e.g. DeepSpeed stage 0).
+  * "zero_grad": the runner calls `Wrapped.zero_grad(set_to_none=...)` instead of the
+    optimizer's.
+  The default path stays the user's plain `loss.backward()`, `optimizer.zero_grad()` and
+  `optimizer.step()`: that is where bugs like FairScale#354 (SDP + OSS silently wrong from step 2
+  with `zero_grad(set_to_none=True)`) show, so own only what the engine cannot run without.
+- `Wrapped.zero_grad(set_to_none=True)` (with `Capability.ENGINE_ZERO_GRAD`): the engine's own
+  zero_grad, which scenarios with `zero_grad="engine"` call.
+- `Adapter.semantics` (or `semantics_for(scenario)`): the rules where the engine legitimately
+  differs from torch DDP (conformance.semantics): the oracle models them, the report shows them.
+- `Adapter.unavailable(scenario)`: a reason to skip a scenario that cannot run here.
+
+A worked example (an engine with its own optimizer wrapper and zero-filled unused grads)::
+
+    from conformance.adapters.ddp_like import DDPLikeWrapped, DDP_CAPABILITIES
+    from conformance.semantics import Semantics, Unused
+
+    class MyEngineAdapter:
+        name, version, area = "my-engine", my_engine.__version__, "ddp"
+        capabilities = DDP_CAPABILITIES - {Capability.SPARSE}
+        owns = frozenset({"optimizer"})
+        semantics = Semantics(unused=Unused.ZEROS, sources=("https://my-engine.dev/ddp#unused",))
+
+        def wrap(self, module, ctx, options, optimizer=None):
+            engine = my_engine.DDP(module, process_group=ctx.group)
+            wrapped = DDPLikeWrapped(engine)
+            wrapped.optimizer = my_engine.ShardedOptimizer(module.parameters(), optimizer.build)
+            return wrapped
+
+    def factory():  # gradparity run --adapter mypkg.adapters:factory
+        return MyEngineAdapter()
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
@@ -40,6 +80,37 @@ class Wrapped(Protocol):
         ...
 
 
+OWNABLE = frozenset({"optimizer", "backward", "zero_grad"})
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The scenario's optimizer, for adapters that build their own (protocol v2, owns "optimizer").
+
+    `build(params)` returns the same torch optimizer the oracle steps; `name`, `lr` and
+    `kwargs` describe it for engines configured from data (DeepSpeed's JSON config).
+    """
+
+    name: str  # "sgd" | "adam" | "none"
+
+    def build(self, params) -> object | None:
+        from conformance.fixtures.data import make_optimizer
+
+        return make_optimizer(self.name, params)
+
+    @property
+    def torch_class(self) -> Callable | None:
+        import torch
+
+        return {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}.get(self.name)
+
+    @property
+    def hyperparameters(self) -> dict:
+        from conformance.fixtures.data import OPTIMIZER_SETTINGS
+
+        return dict(OPTIMIZER_SETTINGS.get(self.name, {}))
+
+
 @runtime_checkable
 class Adapter(Protocol):
     name: str
@@ -48,6 +119,15 @@ class Adapter(Protocol):
     capabilities: frozenset[Capability]
 
     def wrap(self, module: nn.Module, ctx: Any, options: WrapOptions) -> Wrapped: ...
+
+
+def owned(adapter) -> frozenset[str]:
+    """What the adapter takes over from the user's plain training loop (protocol v2)."""
+    owns = frozenset(getattr(adapter, "owns", ()) or ())
+    unknown = owns - OWNABLE
+    if unknown:
+        raise ValueError(f"adapter {adapter.name!r} owns {sorted(unknown)}: only {sorted(OWNABLE)} can be owned")
+    return owns
 
 
 def missing_capabilities(adapter: Adapter, required: Iterable[Capability]) -> list[Capability]:

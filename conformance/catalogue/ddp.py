@@ -10,7 +10,7 @@ summands. Compression hooks are compared over one step with a band of two fp16/b
 
 from __future__ import annotations
 
-from conformance.catalogue import FULL, QUICK, STANDARD
+from conformance.catalogue import FULL, QUICK, STANDARD, training_loop
 from conformance.catalogue import SHORT_DTYPE as SHORT
 from conformance.spec import (
     EXACT,
@@ -167,6 +167,8 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         m("hook-fp16", "mlp", options=WrapOptions(comm_hook="fp16")),
         m("hook-bf16", "mlp", options=WrapOptions(comm_hook="bf16"), profiles=STANDARD),
     ]
+    if area == "ddp":  # the training-loop scenarios (conformance/catalogue/training_loop.py)
+        out += training_loop.scenarios(m)
     # -- full: the core models across every world size and both optimizers
     for model in ("mlp", "transformer", "cnn-bn", "tied", "many-tiny", "mixed-dtype"):
         for w in (1, 2, 3, 4):

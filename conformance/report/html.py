@@ -66,9 +66,13 @@ def _matrix(results: list[dict], adapters: list[str]) -> str:
                 continue
             first = (r["message"] or r["verdict"]).strip().splitlines()[0] if (r["message"] or "").strip() else r["verdict"]
             anchor = f' href="#f-{_e(r["case"])}"' if r["verdict"] in ("failed", "xpassed") else ""
+            declared = r.get("declared") or []
+            if declared:  # the verdict holds under these declared deviations from torch DDP
+                first += " | declared: " + "; ".join(declared)
+            mark = " ◆" if declared else ""
             tds.append(
                 f'<td class="v" style="background:{COLOURS.get(r["verdict"], "#555")}" title="{_e(first)}">'
-                f'<a style="color:#fff"{anchor}>{SYMBOL.get(r["verdict"], "?")} {_e(r["verdict"])}</a></td>'
+                f'<a style="color:#fff"{anchor}>{SYMBOL.get(r["verdict"], "?")} {_e(r["verdict"])}{mark}</a></td>'
             )
         upstream = f' <small>({_e(m["upstream"])})</small>' if m.get("upstream") else ""
         rows.append(
@@ -77,6 +81,35 @@ def _matrix(results: list[dict], adapters: list[str]) -> str:
         )
     head = "".join(f"<th>{_e(a)}</th>" for a in adapters)
     return f"<table><tr><th>scenario</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _compatibility(report: dict) -> str:
+    """Engines × scenario groups (passed ✓ / failed ✗ / xfailed x), with declared semantics."""
+    from conformance.report.matrix import VERDICTS, cell_text, tally
+
+    groups, cells = tally(report["results"])
+    if not groups:
+        return ""
+    info = {a["spec"]: a for a in report["adapters"]}
+    rows = []
+    for adapter in sorted(cells):
+        totals = sum((cells[adapter][g] for g in groups), start=type(cells[adapter][groups[0]])())
+        bad = totals["failed"] + totals["xpassed"]
+        colour = COLOURS["failed"] if bad else (COLOURS["xfailed"] if totals["xfailed"] else COLOURS["passed"])
+        declared = "; ".join(info.get(adapter, {}).get("semantics") or []) or "torch DDP semantics"
+        tds = "".join(f"<td>{_e(cell_text(cells[adapter][g]))}</td>" for g in groups)
+        summary = ", ".join(f"{totals[v]} {v}" for v in VERDICTS if totals[v])
+        rows.append(
+            f'<tr><td><b>{_e(adapter)}</b> {_e(info.get(adapter, {}).get("version", ""))}<br><small>{_e(declared)}</small></td>'
+            f'{tds}<td style="color:{colour}"><b>{_e(summary)}</b></td></tr>'
+        )
+    head = "".join(f"<th>{_e(g)}</th>" for g in groups)
+    return (
+        "<h2>Compatibility matrix</h2><p><small>per scenario group: ✓ passed, ✗ failed, x expected failure "
+        "(strict, with its upstream reference), ! unexpectedly passed, – skipped; ◆ in a cell below marks a "
+        "verdict under declared semantics (hover for them)</small></p>"
+        f"<table><tr><th>adapter</th>{head}<th>total</th></tr>{''.join(rows)}</table>"
+    )
 
 
 def _timeline(result: dict) -> str:
@@ -113,7 +146,10 @@ def render(report: dict) -> str:
     s = report["summary"]
     env, run = report["environment"], report["run"]
     adapters = "".join(
-        f"<tr><td>{_e(a['spec'])}</td><td>{_e(a.get('name'))}</td><td>{_e(a.get('version'))}</td><td>{_e(a.get('area', ''))}</td></tr>"
+        f"<tr><td>{_e(a['spec'])}</td><td>{_e(a.get('name'))}</td><td>{_e(a.get('version'))}</td><td>{_e(a.get('area', ''))}</td>"
+        f"<td>{_e(', '.join(a.get('owns') or []) or '-')}</td>"
+        f"<td>{_e('; '.join(a.get('semantics') or []) or 'torch DDP semantics')}"
+        f"{''.join(f'<br><small>{_e(src)}</small>' for src in a.get('semantics_sources') or [])}</td></tr>"
         for a in report["adapters"]
     )
     legend = "".join(f'<span style="background:{c}">{v}: {s.get(v, 0)}</span>' for v, c in COLOURS.items() if v != "error")
@@ -132,7 +168,9 @@ def render(report: dict) -> str:
 <tr><td>run</td><td>profile {_e(run['profile'])}; device {_e(', '.join(run['device']))}; backends {_e(', '.join(run['backends']))};
 world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 </table>
-<h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th></tr>{adapters}</table>
+<h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th><th>owns</th>
+<th>declared deviations from torch DDP</th></tr>{adapters}</table>
+{_compatibility(report)}
 <h2>Matrix ({s['total']} cases)</h2><p class="legend">{legend}</p>
 {_matrices(report)}
 <h2>Failures</h2>{failures or '<p>None.</p>'}

@@ -16,8 +16,12 @@ def _adapter_info(spec: str) -> dict:
 
     try:
         adapter = registry.load(spec)
+        semantics = getattr(adapter, "semantics", None)
         return {"spec": spec, "name": adapter.name, "version": str(getattr(adapter, "version", "unknown")),
-                "area": adapter.area, "capabilities": sorted(c.value for c in adapter.capabilities)}
+                "area": adapter.area, "capabilities": sorted(c.value for c in adapter.capabilities),
+                "owns": sorted(getattr(adapter, "owns", ()) or ()),
+                "semantics": semantics.deviations() if semantics is not None else [],
+                "semantics_sources": list(semantics.sources) if semantics is not None else []}
     except Exception as exc:  # the report must still be written
         return {"spec": spec, "name": spec, "version": "unknown", "error": str(exc)}
 

@@ -34,4 +34,16 @@ def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message:
         "comparisons": getattr(checked, "comparisons", None),
         "accepted_error": getattr(checked, "accepted_error", None),
         "details": getattr(checked, "details", None) or {},
+        "declared": declared_deviations(adapter_spec, scenario),
     }
+
+
+def declared_deviations(adapter_spec: str, scenario: Scenario) -> list[str]:
+    """The adapter's declared deviations from torch DDP's rules for this scenario (may be [])."""
+    from conformance.adapters import registry
+    from conformance.semantics import declared
+
+    try:
+        return declared(registry.load(adapter_spec), scenario).deviations()
+    except Exception as exc:  # a report is still written; the case itself shows the error
+        return [f"(could not read the declared semantics: {exc})"]

@@ -16,14 +16,18 @@ import traceback
 import torch
 
 from conformance.adapters import registry
+from conformance.adapters.protocol import OptimizerSpec, owned
 from conformance.fixtures.data import build_model, loss_fn, make_inputs, make_optimizer
 from conformance.spec import Expect, Scenario
+
+SKEW_S = 0.25  # how long the last rank sleeps in rank-skewed scenarios (never judged as time)
 
 
 def run(payload, ctx) -> dict:
     scenario, adapter_spec = payload
     scenario: Scenario
     adapter = registry.load(adapter_spec)
+    owns = owned(adapter)
     torch.manual_seed(scenario.seed)
     record: dict = {"events": [], "error": None, "seconds": {}}
     model = build_model(
@@ -31,10 +35,18 @@ def run(payload, ctx) -> dict:
         dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
     )
     t0 = time.perf_counter()
-    wrapped = adapter.wrap(model, ctx, scenario.options)
+    if "optimizer" in owns:  # protocol v2: the engine builds (and steps) its own optimizer
+        wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=OptimizerSpec(scenario.optimizer))
+    else:
+        wrapped = adapter.wrap(model, ctx, scenario.options)
     record["seconds"]["wrap"] = time.perf_counter() - t0
     record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
-    optimizer = make_optimizer(scenario.optimizer, wrapped.optimizer_parameters())
+    if "optimizer" in owns:
+        optimizer = wrapped.optimizer
+    else:
+        optimizer = make_optimizer(scenario.optimizer, wrapped.optimizer_parameters())
+    backward = wrapped.backward if "backward" in owns else (lambda loss: loss.backward())
+    skewed = scenario.skew and ctx.rank == scenario.world_size - 1
     step = micro = 0
     t0 = time.perf_counter()
     try:
@@ -47,13 +59,17 @@ def run(payload, ctx) -> dict:
                 )
                 with contextlib.nullcontext() if synced else wrapped.no_sync():
                     loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
-                    loss.backward()
+                    if skewed and scenario.skew == "backward":
+                        time.sleep(SKEW_S)
+                    backward(loss)
                 record["events"].append(
                     {"kind": "backward", "step": step, "micro": micro, "synced": synced, "values": wrapped.full_gradients()}
                 )
             if optimizer is not None:
+                if skewed and scenario.skew == "step":
+                    time.sleep(SKEW_S)
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                _zero_grad(scenario, step, optimizer, wrapped, owns)
             record["events"].append(
                 {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
             )
@@ -70,6 +86,15 @@ def run(payload, ctx) -> dict:
     record["backward_stats"] = stats() if callable(stats) else None
     del wrapped, optimizer, model
     return record
+
+
+def _zero_grad(scenario: Scenario, step: int, optimizer, wrapped, owns) -> None:
+    """Clear gradients the way the scenario says (the user's optimizer unless stated otherwise)."""
+    set_to_none = scenario.zero_grad != "alternate" or step % 2 == 0
+    if scenario.zero_grad == "engine" or "zero_grad" in owns:
+        wrapped.zero_grad(set_to_none=set_to_none)
+    else:
+        optimizer.zero_grad(set_to_none=set_to_none)
 
 
 TASK = "conformance.runners.ddp:run"
@@ -91,19 +116,26 @@ def judge(scenario: Scenario, adapter_spec: str, outcome, where: str = ""):
     """Compare a finished task's per-rank records with the oracle (also used under torchrun)."""
     from conformance import baseline, contract
     from conformance.compare import ConformanceError
+    from conformance.semantics import declared
 
     details = {
         "seconds": outcome.seconds,
         "rank_seconds": {r: v.get("seconds") for r, v in outcome.values.items()},
         "backward_stats": {r: v.get("backward_stats") for r, v in outcome.values.items()},
     }
+    semantics = declared(registry.load(adapter_spec), scenario)
+    # Every declared deviation from torch DDP's rules travels with the verdict into the report.
+    details["declared"] = semantics.deviations()
+    details["declared_sources"] = list(semantics.sources)
     try:
         if not outcome.ok:
             raise ConformanceError(
                 f"[{scenario.id}] adapter {adapter_spec}: the run failed{' on ' + where if where else ''}\n"
                 f"{outcome.render_failures()}\n  repro: {contract.repro_command(scenario, adapter_spec)}"
             )
-        checked = contract.check_records(scenario, adapter_spec, baseline.compute(scenario), outcome.values)
+        checked = contract.check_records(
+            scenario, adapter_spec, baseline.compute(scenario, semantics), outcome.values, semantics=semantics,
+        )
     except ConformanceError as exc:
         exc.details = details  # the report keeps what the ranks said even when they were wrong
         raise

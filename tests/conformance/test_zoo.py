@@ -32,6 +32,10 @@ EXPECTED_CATCHER = {
     "sparse-not-reduced": "ddp/sparse/embedding/w2/fp32",
     "batch-weighted": "ddp/uneven/mlp/w2/fp32",
     "stale-gradient": "ddp/plain/mlp/w2/fp32",
+    "captured-grad-tensors": "ddp/set-to-none-alternate/mlp/w2/fp32",
+    "zero-grad-keeps-gradients": "ddp/zero-grad-engine/mlp/w2/fp32",
+    "sum-after-warmup": "ddp/long/mlp/w2/fp32",
+    "reads-before-wait": "ddp/skew-backward/mlp/w2/fp32",
 }
 
 

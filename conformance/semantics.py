@@ -1,0 +1,104 @@
+"""Declared semantics: the rules where a data-parallel engine may legitimately differ from torch DDP.
+
+torch's `DistributedDataParallel` fixes one answer to each question below; other engines answer
+some of them differently *by design* (DeepSpeed gives an unused parameter a zero gradient,
+composable `replicate` synchronizes at the first forward, pytorch-pfn-extras broadcasts buffers
+after backward). An adapter declares its answers in a `Semantics`; the oracle
+(`conformance.baseline`) models exactly what is declared and the contract checks it, so a
+declaration never switches a check off — it changes what "right" means, and the report prints
+every deviation from torch DDP next to the verdict with the engine documentation it rests on.
+
+Usage::
+
+    from conformance.semantics import Semantics, Buffers, Unused
+
+    class MyAdapter:
+        semantics = Semantics(
+            buffers=Buffers.AFTER_BACKWARD,
+            unused=Unused.ZEROS,
+            sources=("https://my-engine.readthedocs.io/ddp.html#buffers",),
+        )
+
+An adapter whose rules depend on the scenario defines `semantics_for(scenario)` instead.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+
+from conformance.spec import Tolerance
+
+
+class Accumulation(str, enum.Enum):
+    """How micro-batches accumulated under `no_sync()` combine into the synced gradient."""
+
+    SUM = "sum"  # torch DDP: grads of all micro-batches add up
+    MEAN = "mean"  # the engine divides each micro-batch's gradient by the number of micro-batches
+
+
+class ConstructionSync(str, enum.Enum):
+    """When rank 0's parameters reach the other ranks."""
+
+    EAGER = "eager"  # torch DDP: inside the constructor
+    FIRST_FORWARD = "first-forward"  # lazily, at the first forward (composable replicate)
+
+
+class Buffers(str, enum.Enum):
+    """Which buffers each rank holds and forwards from."""
+
+    BEFORE_FORWARD = "rank0-before-forward"  # torch DDP: rank 0's buffers at construction and before each synced forward
+    NEVER = "never"  # never synchronized: every rank keeps and updates its own
+    CONSTRUCTION_ONLY = "construction-only"  # rank 0's at construction, then each rank its own
+    AFTER_BACKWARD = "rank0-after-backward"  # rank 0's at construction and after each synced backward
+
+
+class Unused(str, enum.Enum):
+    """What a parameter no rank used holds after a synced backward."""
+
+    NONE = "none"  # torch DDP: grad stays None
+    ZEROS = "zeros"  # a zero tensor
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """One engine's answers. The defaults are torch DDP's; anything else is a declared deviation.
+
+    `lossy` (a tolerance) declares lossy communication (PowerSGD, compression hooks): ranks must
+    still be bitwise identical, and every value must be within the stated bound of the oracle.
+    `sources` cite the engine documentation (or source) each deviation rests on.
+    """
+
+    accumulation: Accumulation = Accumulation.SUM
+    construction_sync: ConstructionSync = ConstructionSync.EAGER
+    buffers: Buffers = Buffers.BEFORE_FORWARD
+    unused: Unused = Unused.NONE
+    lossy: Tolerance | None = None
+    sources: tuple[str, ...] = ()
+
+    def deviations(self) -> list[str]:
+        """Every declared rule that differs from torch DDP's, as `name: ours (torch DDP: theirs)`."""
+        out = []
+        for f in fields(self):
+            if f.name in ("sources", "lossy"):
+                continue
+            ours, theirs = getattr(self, f.name), getattr(TORCH_DDP, f.name)
+            if ours != theirs:
+                out.append(f"{f.name}: {ours.value} (torch DDP: {theirs.value})")
+        if self.lossy is not None:
+            out.append(f"lossy communication: {self.lossy.describe()} vs the oracle, ranks bitwise ({self.lossy.reason})")
+        return out
+
+    def describe(self) -> str:
+        return "; ".join(self.deviations()) or "torch DDP semantics"
+
+
+TORCH_DDP = Semantics()
+
+
+def declared(adapter, scenario) -> Semantics:
+    """The semantics `adapter` declares for `scenario` (torch DDP's when it declares none)."""
+    per_scenario = getattr(adapter, "semantics_for", None)
+    if callable(per_scenario):
+        return per_scenario(scenario) or TORCH_DDP
+    return getattr(adapter, "semantics", None) or TORCH_DDP
