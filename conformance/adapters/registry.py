@@ -28,8 +28,18 @@ BUILTINS: dict[str, str] = {
     "torch-fsdp2": "conformance.adapters.sharded:torch_fsdp2",
 }
 
+# Third-party engines (conformance/adapters/engines/): built in, but run only when named, since
+# they need their engine installed (`gradparity[engines]`) and take longer.
+ENGINE_ADAPTERS: dict[str, str] = {
+    "torch-zero": "conformance.adapters.engines.torch_zero:torch_zero",
+    "torch-replicate": "conformance.adapters.engines.torch_replicate:torch_replicate",
+    "torch-ddp-powersgd": "conformance.adapters.engines.powersgd:torch_ddp_powersgd",
+    "pfn-ddp": "conformance.adapters.engines.pfn:pfn_ddp",
+}
+BUILTINS.update(ENGINE_ADAPTERS)
+
 # What `gradparity run` tests when no --adapter is given.
-DEFAULT_ADAPTERS: tuple[str, ...] = tuple(BUILTINS)
+DEFAULT_ADAPTERS: tuple[str, ...] = tuple(n for n in BUILTINS if n not in ENGINE_ADAPTERS)
 
 
 class AdapterError(ValueError):

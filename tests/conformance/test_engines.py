@@ -1,0 +1,34 @@
+"""The engine adapters load without their engine and say how to install it (no processes)."""
+
+from __future__ import annotations
+
+from conformance.adapters import registry
+from conformance.adapters.engines import probe
+from conformance.adapters.protocol import owned
+from conformance.catalogue import ddp
+
+
+def test_a_missing_engine_is_a_skip_with_the_install_command():
+    version, why = probe("no_such_engine_module", "no-such-engine", "pip install no-such-engine")
+    assert version == "not installed"
+    assert "no-such-engine cannot be imported" in why and "pip install no-such-engine" in why
+
+
+def test_engines_are_built_in_but_not_run_by_default():
+    assert set(registry.ENGINE_ADAPTERS) <= set(registry.BUILTINS)
+    assert not set(registry.ENGINE_ADAPTERS) & set(registry.DEFAULT_ADAPTERS)
+    for name in registry.ENGINE_ADAPTERS:
+        adapter = registry.load(name)
+        assert adapter.name == name and adapter.area == "ddp"
+        owned(adapter)  # only ownable parts
+
+
+def test_torch_zero_owns_the_optimizer_and_powersgd_declares_its_bound():
+    assert owned(registry.load("torch-zero")) == {"optimizer"}
+    powersgd = registry.load("torch-ddp-powersgd")
+    assert powersgd.semantics.lossy is not None and not powersgd.semantics.lossy.exact
+    s = ddp.make("plain", "mlp")
+    assert any("lossy" in d for d in powersgd.semantics.deviations())
+    assert registry.load("pfn-ddp").semantics.deviations() == ["buffers: rank0-after-backward (torch DDP: rank0-before-forward)"]
+    assert registry.load("torch-replicate").semantics.deviations() == ["construction_sync: first-forward (torch DDP: eager)"]
+    assert powersgd.unavailable(s) is None and powersgd.unavailable(s.with_(dtype="float16")) is not None
