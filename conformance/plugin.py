@@ -17,6 +17,7 @@ from conformance import catalogue
 from conformance.adapters import registry
 from conformance.adapters.protocol import missing_capabilities
 from conformance.expectations import builtin_xfails, read_expectations
+from conformance.failure import FailureClass, classify_exception
 from conformance.report.record import CASE_SEPARATOR, case_id, case_record
 
 
@@ -204,18 +205,40 @@ def pytest_runtest_makereport(item, call):
     spec, scenario = case
     # A pass leaves its Checked on the item; a contract failure carries the ranks' details.
     details = getattr(item, "_gp_checked", None) or (call.excinfo.value if call.excinfo is not None else None)
+    failure = _classify(report, call)
+    if failure is not None and failure.failure_class is FailureClass.INFRASTRUCTURE:
+        # Not the implementation's failure: an `error` (pytest's word for a broken setup), never
+        # a failure and never an expected failure either.
+        report.outcome, report.when = "failed", "setup"
+        if hasattr(report, "wasxfail"):
+            del report.wasxfail
     verdict = report.outcome
     if hasattr(report, "wasxfail"):
         verdict = "xfailed" if report.skipped else "xpassed"
     elif report.skipped:
         verdict = "skipped"
+    elif failure is not None:
+        verdict = failure.failure_class.verdict
+    elif report.failed and "XPASS(strict)" in str(report.longrepr):
+        verdict = "xpassed"
     message = ""
     if report.failed:
         message = _short_failure(report, call)
     elif report.skipped:
         message = getattr(report, "wasxfail", "") or (report.longrepr[2] if isinstance(report.longrepr, tuple) else "")
-    record = case_record(spec, scenario, verdict=verdict, message=message, duration_s=report.duration, checked=details)
+    record = case_record(spec, scenario, verdict=verdict, message=message, duration_s=report.duration, checked=details,
+                         failure=failure)
     report.user_properties.append(("gradparity", record))
+
+
+def _classify(report, call):
+    """The failure class of a failed (or expectedly failed) case; None for passes and skips."""
+    excinfo = call.excinfo
+    if excinfo is None or not (report.failed or hasattr(report, "wasxfail")):
+        return None
+    if isinstance(excinfo.value, (pytest.skip.Exception, pytest.xfail.Exception)):
+        return None
+    return classify_exception(excinfo.value)
 
 
 def _short_failure(report, call) -> str:

@@ -40,13 +40,17 @@ from conformance.adapters import registry
 from conformance.adapters.protocol import missing_capabilities
 from conformance.compare import ConformanceError
 from conformance.expectations import builtin_xfails, read_expectations
+from conformance.failure import FailureClass, classify_exception
 from conformance.fixtures import mutants as zoo_mutants
-from conformance.report.record import case_id, case_record
+from conformance.report.record import case_id, case_record, one_line
 from conformance.spec import Scenario
 
 SCHEMA = "gradparity.zoo/2"
 BASE = registry.ddp_class_spec(zoo_mutants.BASE)
 CONTROLS = ("torch-ddp", BASE, "refimpl-ddp")
+# The zoo's short words for the failure classes (conformance.failure) in its tables.
+ZOO_KIND = {FailureClass.WRONG_VALUE: "wrong", FailureClass.RAISED: "raised", FailureClass.CRASHED: "crash",
+            FailureClass.HUNG: "hang", FailureClass.INFRASTRUCTURE: "infrastructure"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,7 +119,9 @@ def _run_case(pools, spec: str, scenario: Scenario, timeout_scale: float) -> dic
             checked = driver.check(scenario, spec, session)
             result.update(comparisons=checked.comparisons, accepted_error=checked.accepted_error)
         except ConformanceError as exc:
-            result.update(verdict="failed", kind="wrong", message=str(exc)[:6000])
+            failure = classify_exception(exc)
+            result.update(verdict=failure.failure_class.verdict, kind=ZOO_KIND[failure.failure_class],
+                          failure_class=failure.failure_class.value, cause=failure.cause, message=str(exc)[:6000])
         outcome = session.last.outcome if session.last else None
         if in_process:
             fired = getattr(adapter, "mutation_fired", None)
@@ -126,15 +132,10 @@ def _run_case(pools, spec: str, scenario: Scenario, timeout_scale: float) -> dic
         counts = [c for c in map(_fired, values.values()) if c is not None]
         result.update(records=len(outcome.values), fired=sum(counts) if counts else None)
         stats = {r: v.get("backward_stats") for r, v in values.items()}
-        if result["verdict"] == "failed":
-            if not outcome.ok:
-                result["kind"] = "hang" if "timeout" in {f.kind for f in outcome.failures.values()} else "crash"
-            elif any(v.get("error") or v.get("crash") for v in values.values()):
-                result["kind"] = "raised"
+        if result["kind"] == "wrong" and any(v.get("error") or v.get("crash") for v in values.values()):
+            result.update(kind="raised", failure_class=FailureClass.RAISED.value)  # recorded in the rank's record
         result["details"] = {"backward_stats": stats.get(0),
                              "fired_per_rank": {str(r): _fired(v) for r, v in values.items()}}
-    elif result["verdict"] == "failed" and "Error:" in result["message"].splitlines()[0]:
-        result["kind"] = "raised"
     result["duration_s"] = round(time.perf_counter() - t0, 4)
     return result
 
@@ -157,7 +158,8 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
             adapter = registry.load(spec)
         except Exception as exc:  # noqa: BLE001 - an unavailable control is a finding, not a crash
             for s in scenarios:
-                results.append(_record(spec, s, verdict="failed", kind="unavailable", message=f"cannot load {spec}: {exc}"))
+                results.append(_record(spec, s, verdict="error", kind="unavailable", failure_class="infrastructure",
+                                      cause=f"cannot load {spec}: {exc}", message=f"cannot load {spec}: {exc}"))
             continue
         xfails = _expected_failures(adapter.name)
         unavailable = getattr(adapter, "unavailable", lambda s: None)
@@ -185,7 +187,7 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
                 except queue.Empty:
                     return
                 r = _record(spec, s, **_run_case(pools, spec, s, timeout_scale))
-                if xfail is not None:
+                if xfail is not None and r["verdict"] != "error":
                     r["verdict"] = "xfailed" if r["verdict"] == "failed" else "xpassed"
                     r["message"] = (r["message"] or f"expected to fail: {xfail}")
                 with lock:
@@ -222,7 +224,7 @@ def judge(results: list[dict], mutants: dict[str, zoo_mutants.Mutant], controls:
             if r["verdict"] == "skipped":
                 row["skipped"].append(s)
                 continue
-            effect = (r["fired"] or 0) > 0 or (aborts and r["records"] == 0 and r["kind"] in ("hang", "crash"))
+            effect = (r["fired"] or 0) > 0 or (aborts and r["records"] == 0 and r["kind"] in ("hang", "crash", "raised"))
             if r["verdict"] == "failed" and effect and s in base_ok:
                 row["caught_by"].append(s)
                 row["how"][s] = r["kind"] if r["kind"] != "wrong" else f"wrong values (fired {r['fired']})"
@@ -239,11 +241,11 @@ def judge(results: list[dict], mutants: dict[str, zoo_mutants.Mutant], controls:
     control_state = {}
     for spec in controls:
         rows = [r for r in results if r["adapter"] == spec]
-        bad = [r for r in rows if r["verdict"] in ("failed", "xpassed")]
+        bad = [r for r in rows if r["verdict"] in ("failed", "error", "xpassed")]
         control_state[spec] = {
             "passed": sum(r["verdict"] == "passed" for r in rows), "xfailed": sum(r["verdict"] == "xfailed" for r in rows),
             "skipped": sum(r["verdict"] == "skipped" for r in rows), "failed": len(bad),
-            "failures": [{"scenario": r["scenario"], "verdict": r["verdict"], "message": r["message"].splitlines()[0] if r["message"] else ""} for r in bad],
+            "failures": [{"scenario": r["scenario"], "verdict": r["verdict"], "message": one_line(r)} for r in bad],
         }
     clauses = sorted({c for cs in clauses_of.values() for c in cs} | {row["clause"] for row in table if row["clause"]},
                      key=_clause_key)
@@ -398,7 +400,7 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
     t0 = time.perf_counter()
 
     def progress(done, total, r):
-        mark = {"passed": "✓", "failed": "✗", "xfailed": "x", "xpassed": "!"}.get(r["verdict"], "?")
+        mark = {"passed": "✓", "failed": "✗", "error": "E", "xfailed": "x", "xpassed": "!"}.get(r["verdict"], "?")
         fired = f" fired={r['fired']}" if r["fired"] else ""
         who = r["adapter"].removeprefix("ddp-class=").removeprefix("conformance.fixtures.mutants.")
         console.print(f"[{done:>3}/{total}] {mark} {who} | {_short(r['scenario'])} {r['kind']}{fired} "

@@ -7,7 +7,18 @@ Failure handling (DESIGN.md, "Harness"):
 - every rank must answer every task; a missing answer is a failure, never a pass;
 - a task has a timeout; on timeout, or when a rank dies or raises, the pool collects each
   rank's Python stack (faulthandler on SIGUSR1), kills the whole group and is marked BROKEN;
-  the next task starts a fresh group, so one failure never poisons the tests after it.
+  the next task starts a fresh group, so one failure never poisons the tests after it;
+- a failure before the implementation ran (the pool would not start, a rank was gone before
+  the task reached it, the task could not be imported) is `infrastructure`: the task is
+  retried once on a fresh group, and only then reported (`conformance.failure`).
+
+[Note: timeouts under load]
+A slow or oversubscribed machine must never turn into a failure, and a hang must not take
+minutes to detect on an idle one. So a task's timeout is a budget, not a verdict: once it is
+spent, the pool declares a hang only if no rank has used CPU for `STALL_S` (a rank blocked in
+a collective, or asleep, uses none; a starved but working rank still gets slices), or if the
+ranks are still busy after `HARD_CAP` times the budget (a livelock). On an idle machine a
+hang is reported right at the budget, as before.
 """
 
 from __future__ import annotations
@@ -20,15 +31,18 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
 from conformance.harness.context import Topology
 from conformance.harness.service import STACK_SIGNAL, Op, recv, send, serve
 
-STARTUP_TIMEOUT_S = float(os.environ.get("GRADPARITY_STARTUP_TIMEOUT", "120"))
+STARTUP_TIMEOUT_S = float(os.environ.get("GRADPARITY_STARTUP_TIMEOUT", "60"))
 ERROR_GRACE_S = 3.0  # how long the other ranks get to answer once one rank has failed
+STALL_S = float(os.environ.get("GRADPARITY_STALL_S", "10"))  # no CPU used by any rank for this long: stalled
+HARD_CAP = 10.0  # a busy task is given at most this many times its budget
+MIN_PROGRESS_RATE = 0.03  # CPU seconds per second (all ranks together) that count as progress
+POLL_S = 0.5
 
 
 class PoolState(enum.Enum):
@@ -43,7 +57,7 @@ class RankFailure:
     """Why one rank gave no result: it raised, died, or did not answer in time."""
 
     rank: int
-    kind: str  # "raised" | "died" | "timeout" | "no-answer"
+    kind: str  # "raised" | "died" | "timeout" | "no-answer" | "infrastructure"
     message: str
     traceback: str = ""
     stack: str = ""  # the rank's Python stack when the coordinator gave up on it
@@ -65,10 +79,16 @@ class TaskOutcome:
     values: dict[int, Any] = field(default_factory=dict)
     failures: dict[int, RankFailure] = field(default_factory=dict)
     seconds: float = 0.0
+    attempts: int = 1  # 2 when an infrastructure failure was retried on a fresh group
 
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    @property
+    def infrastructure(self) -> bool:
+        """Failed before the implementation ran, on every failing rank."""
+        return bool(self.failures) and all(f.kind == "infrastructure" for f in self.failures.values())
 
     def render_failures(self) -> str:
         return "\n".join(f.render() for _, f in sorted(self.failures.items()))
@@ -86,32 +106,27 @@ class RankPool:
         self.state = PoolState.NEW
         self._procs: list = []
         self._conns: list = []
-        self._store = None
         self._workdir: str | None = None
         self._task_id = 0
         self.startups = 0  # how many worlds this pool has spawned (1 unless a task failed)
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        import torch.distributed as dist
-
+        """Spawn the ranks and wait until all joined the group; PoolStartError otherwise."""
         assert self.state in (PoolState.NEW, PoolState.BROKEN), f"cannot start a pool that is {self.state.value}"
         self._kill()
         self.startups += 1
+        # A private (0700) directory: rank logs, stacks and the rendezvous files (see
+        # [Note: loopback] in harness/network.py: a FileStore opens no socket at all).
         self._workdir = tempfile.mkdtemp(prefix=f"gradparity-{self.topology.key().replace('/', '-')}-")
-        # The coordinator binds the store itself (port 0): no race with other xdist workers.
-        self._store = dist.TCPStore(
-            "127.0.0.1", 0, self.topology.world_size, is_master=True, wait_for_workers=False,
-            timeout=timedelta(seconds=STARTUP_TIMEOUT_S),
-        )
-        # A file rendezvous for torch.distributed.rpc, used only if a task calls ctx.ensure_rpc().
-        rpc_init = f"file://{os.path.join(self._workdir, 'rpc-rendezvous')}"
+        store_path = os.path.join(self._workdir, "rendezvous")
+        rpc_init = f"file://{os.path.join(self._workdir, 'rpc-rendezvous')}"  # used only if a task calls ctx.ensure_rpc()
         ctx = mp.get_context("spawn")
         for rank in range(self.topology.world_size):
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=serve,
-                args=(rank, self.topology, self._store.port, child, self._workdir, rpc_init),
+                args=(rank, self.topology, store_path, child, self._workdir, rpc_init),
                 name=f"gradparity-rank{rank}",
                 daemon=True,
             )
@@ -137,42 +152,73 @@ class RankPool:
         self._kill()
         self.state = PoolState.CLOSED
 
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid is not None]
+
+    @property
+    def workdir(self) -> str | None:
+        return self._workdir
+
     # -- tasks -------------------------------------------------------------------------
     def run(self, fn: str, payload: Any, *, timeout: float, label: str = "") -> TaskOutcome:
-        """Run `fn(payload, ctx)` on every rank; always returns an outcome, never hangs."""
+        """Run `fn(payload, ctx)` on every rank; always returns an outcome, never hangs.
+
+        An infrastructure failure (nothing of the implementation ran) is retried once on a
+        fresh group; the outcome says how many attempts it took.
+        """
         start = time.perf_counter()
-        if self.state != PoolState.READY:
-            self.start()
-        self._task_id += 1
+        for attempt in (1, 2):
+            outcome = self._attempt(fn, payload, timeout, label)
+            outcome.attempts = attempt
+            if not outcome.infrastructure:
+                break
+        outcome.seconds = time.perf_counter() - start
+        return outcome
+
+    def _attempt(self, fn: str, payload: Any, timeout: float, label: str) -> TaskOutcome:
         outcome = TaskOutcome(label or fn)
+        if self.state != PoolState.READY:
+            try:
+                self.start()
+            except PoolStartError as exc:
+                for rank in range(self.topology.world_size):
+                    outcome.failures[rank] = RankFailure(rank, "infrastructure", str(exc).splitlines()[0], traceback=str(exc))
+                return outcome
+        self._task_id += 1
         for rank, conn in enumerate(self._conns):
             try:
                 send(conn, op=Op.TASK, id=self._task_id, fn=fn, payload=payload)
             except OSError as exc:
-                outcome.failures[rank] = RankFailure(rank, "died", f"could not send the task: {exc}")
+                outcome.failures[rank] = RankFailure(rank, "infrastructure", f"rank process gone before the task reached it: {exc}")
         if outcome.ok:
             self._collect(outcome, Op.RESULT, self._task_id, timeout)
         if not outcome.ok:
             self._break()
-        outcome.seconds = time.perf_counter() - start
         return outcome
 
     # -- internals ---------------------------------------------------------------------
     def _collect(self, outcome: TaskOutcome, want: Op, task_id: int | None, timeout: float) -> TaskOutcome:
-        """Wait for one `want` message per rank, watching for deaths, errors and the deadline."""
-        deadline = time.monotonic() + timeout
+        """Wait for one `want` message per rank, watching for deaths, errors and hangs."""
+        watch = Watchdog(self.pids, timeout)
+        grace_until = None
         pending = set(range(len(self._conns)))
         by_conn = {conn: rank for rank, conn in enumerate(self._conns)}
         by_sentinel = {proc.sentinel: rank for rank, proc in enumerate(self._procs)}
+        hung = ""
         while pending:
             now = time.monotonic()
-            if outcome.failures:  # once one rank failed, the rest get a short grace only
-                deadline = min(deadline, now + ERROR_GRACE_S)
-            remaining = deadline - now
-            if remaining <= 0:
+            if outcome.failures and grace_until is None:  # once one rank failed, the rest get a short grace only
+                grace_until = now + ERROR_GRACE_S
+            if grace_until is not None and now >= grace_until:
+                break
+            if want == Op.STOPPED and now - watch.started >= timeout:
+                break
+            hung = watch.hung() if want != Op.STOPPED else ""
+            if hung:
                 break
             handles = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
-            for handle in wait(handles, timeout=remaining):
+            for handle in wait(handles, timeout=POLL_S):
                 rank = by_conn.get(handle, by_sentinel.get(handle))
                 if rank not in pending:
                     continue
@@ -185,7 +231,8 @@ class RankPool:
                         message = None  # the pipe closed: the process is gone
                 if message is not None:
                     if message["op"] == Op.ERROR and message.get("id") == task_id:
-                        outcome.failures[rank] = RankFailure(rank, "raised", message["error"], message["traceback"])
+                        kind = "infrastructure" if message.get("stage") == "setup" else "raised"
+                        outcome.failures[rank] = RankFailure(rank, kind, message["error"], message["traceback"])
                         pending.discard(rank)
                     elif message["op"] == want and (task_id is None or message.get("id") == task_id):
                         outcome.values[rank] = message.get("value")
@@ -206,7 +253,7 @@ class RankPool:
             why = (
                 f"no answer within {ERROR_GRACE_S:.0f}s after another rank failed"
                 if outcome.failures
-                else f"no answer within the {timeout:.0f}s timeout while running {outcome.label}"
+                else f"{hung} while running {outcome.label}"
             )
             for rank in pending:
                 outcome.failures[rank] = RankFailure(rank, kind, f"waiting for {want.value}: {why}", stack=stacks.get(rank, ""))
@@ -253,7 +300,6 @@ class RankPool:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
-        self._store = None
         if self._workdir and not os.environ.get("GRADPARITY_KEEP_LOGS"):
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._workdir = None
@@ -268,6 +314,55 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit status {code}"
+
+
+def cpu_seconds(pids) -> float | None:
+    """CPU time (user + system, all threads) the processes have used; None where /proc is absent."""
+    total, ticks = 0, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            if not os.path.exists("/proc/self/stat"):
+                return None
+            continue  # the process is gone: it adds nothing
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+class Watchdog:
+    """When waiting for ranks has become a hang (see [Note: timeouts under load])."""
+
+    def __init__(self, pids, budget: float):
+        self.pids, self.budget = list(pids), budget
+        self.started = self.progressed_at = self.sampled_at = time.monotonic()
+        self.cpu = cpu_seconds(self.pids)
+
+    def hung(self) -> str:
+        """'' while the task may still answer; otherwise why it is considered hung.
+
+        Progress is a CPU *rate* over about a second: blocked ranks still tick now and then
+        (gloo's and faulthandler's threads), which must not add up to "progress".
+        """
+        now = time.monotonic()
+        cpu = cpu_seconds(self.pids) if now - self.sampled_at >= 1.0 else None
+        if cpu is not None and self.cpu is not None:
+            if (cpu - self.cpu) / (now - self.sampled_at) >= MIN_PROGRESS_RATE:
+                self.progressed_at = now
+            self.cpu, self.sampled_at = cpu, now
+        elapsed = now - self.started
+        if elapsed < self.budget:
+            return ""
+        if self.cpu is None:  # no /proc: a plain timeout
+            return f"no answer within the {self.budget:.0f}s timeout"
+        idle = now - self.progressed_at
+        if idle >= min(STALL_S, self.budget):
+            return (f"no answer within the {self.budget:.0f}s timeout"
+                    + (f" (waited {elapsed:.0f}s; no rank used CPU for the last {idle:.0f}s)" if elapsed > self.budget + 1 else ""))
+        if elapsed >= self.budget * HARD_CAP:
+            return f"still busy but no answer after {elapsed:.0f}s ({HARD_CAP:g}x the {self.budget:.0f}s timeout)"
+        return ""
 
 
 class PoolManager:

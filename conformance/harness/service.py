@@ -1,8 +1,11 @@
 """The rank service: the loop each warm rank process runs.
 
-A rank joins the process group once (through the coordinator's TCPStore, so the port was
-picked by a process that already holds it: safe under pytest-xdist), then serves tasks until
-told to stop. Every task gets an explicit answer: a result, or an error with its traceback.
+A rank joins the process group once (through a FileStore in the pool's private temp dir: no
+port to race for under pytest-xdist, and no socket another host could reach; gloo and
+TensorPipe are pinned to loopback, see harness/network.py), then serves tasks until told to
+stop. Every task gets an explicit answer: a result, or an error with its traceback and the
+stage it failed in ("setup": the task could not even be imported, an infrastructure problem;
+"task": the implementation raised; "check": the group was left inconsistent after it).
 
 Messages are pickled with the standard pickler (not torch's shared-memory reducer), so
 tensors travel by value and nothing outlives the rank process that produced it.
@@ -47,9 +50,12 @@ def _redirect_output(log_path: str) -> None:
     os.close(fd)
 
 
-def serve(rank: int, topology, store_port: int, conn, workdir: str, rpc_init_method: str | None) -> None:
+def serve(rank: int, topology, store_path: str, conn, workdir: str, rpc_init_method: str | None) -> None:
     """Entry point of a spawned rank process."""
     _redirect_output(os.path.join(workdir, f"rank{rank}.log"))
+    from conformance.harness.network import pin_to_loopback
+
+    pin_to_loopback()  # before torch.distributed creates a transport
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")  # noqa: SIM115 - lives with the process
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
 
@@ -62,7 +68,8 @@ def serve(rank: int, topology, store_port: int, conn, workdir: str, rpc_init_met
         import torch
 
         torch.cuda.set_device(topology.rank_device(rank))
-    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=60))
+    store = dist.FileStore(store_path, topology.world_size)
+    store.set_timeout(timedelta(seconds=120))
     dist.init_process_group(
         topology.backend, store=store, rank=rank, world_size=topology.world_size, timeout=timedelta(minutes=10)
     )
@@ -91,9 +98,12 @@ def run_loop(ctx, conn, resolve) -> None:
         if message["op"] == Op.STOP:
             return
         task_id = message["id"]
+        stage = "setup"
         try:
             fn = resolve(message["fn"])
+            stage = "task"
             value = fn(message["payload"], ctx)
+            stage = "check"
             ctx.barrier_check(task_id)
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the coordinator
             send(
@@ -101,6 +111,7 @@ def run_loop(ctx, conn, resolve) -> None:
                 op=Op.ERROR,
                 id=task_id,
                 rank=ctx.rank,
+                stage=stage,
                 error=f"{type(exc).__name__}: {exc}",
                 traceback=traceback.format_exc(),
             )
@@ -108,4 +119,5 @@ def run_loop(ctx, conn, resolve) -> None:
         try:
             send(conn, op=Op.RESULT, id=task_id, rank=ctx.rank, value=value)
         except Exception as exc:  # unpicklable result
-            send(conn, op=Op.ERROR, id=task_id, rank=ctx.rank, error=f"result not picklable: {exc}", traceback="")
+            send(conn, op=Op.ERROR, id=task_id, rank=ctx.rank, stage="task",
+                 error=f"result not picklable: {exc}", traceback="")

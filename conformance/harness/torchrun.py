@@ -3,6 +3,11 @@
     torchrun --nnodes 2 --nproc-per-node 4 ... -m conformance.harness.torchrun \\
         --adapter torch-ddp --profile standard --report-dir reports/multinode
 
+Network: unlike the local pool (loopback only, harness/network.py), this keeps torch's
+behaviour on purpose: the rendezvous (torchrun's TCPStore on MASTER_ADDR:MASTER_PORT, which
+listens on every interface) and gloo's pairs (the interface the hostname resolves to, or
+GLOO_SOCKET_IFNAME) must be reachable from the other nodes.
+
 Unlike the warm pool, a multi-node world cannot be respawned by the coordinator, so a hang
 or crash is bounded by the process group's timeout (`--timeout`), reported as a failure for
 that scenario, and ends the run (exit status 1). Scenarios whose world size differs from the
@@ -25,6 +30,7 @@ import torch.distributed as dist
 from conformance import catalogue
 from conformance.adapters import registry
 from conformance.expectations import builtin_xfails, read_expectations
+from conformance.failure import classify_exception
 from conformance.harness.context import RankContext, Topology, configure_rank_threads, resolve
 from conformance.harness.pool import RankFailure, TaskOutcome
 from conformance.report.record import case_id, case_record
@@ -104,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         outcome = TaskOutcome(f"{scenario.id} with {spec}")
         if gathered is None:
-            outcome.failures[0] = RankFailure(0, "timeout", f"gathering results failed: {error}")
+            # A peer that died closes its connections; one that hangs lets the group time out.
+            died = any(w in error.lower() for w in ("connection closed", "reset by peer", "broken pipe"))
+            outcome.failures[0] = RankFailure(0, "died" if died else "timeout", f"gathering results failed: {error}")
         else:
             for r, a in enumerate(gathered):
                 if a is None:
@@ -114,17 +122,21 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     outcome.failures[r] = RankFailure(r, "raised", a["error"], a["traceback"])
         outcome.seconds = time.perf_counter() - start
+        failure = None
         try:
             checked = driver.judge(scenario, spec, outcome, where=f"torchrun world {world}")
             verdict, message = "passed", ""
-        except AssertionError as exc:
-            checked, verdict, message = None, "failed", str(exc)
+        except Exception as exc:  # noqa: BLE001 - classified: a harness bug is an `error`, not a crash of the run
+            failure = classify_exception(exc)
+            checked, verdict, message = None, failure.failure_class.verdict, str(exc)
         case = case_id(spec, scenario)
-        if case in xfails:  # a known upstream bug: recorded, and a pass is news (strict)
+        if case in xfails and verdict != "error":  # a known upstream bug: recorded, and a pass is news (strict)
             verdict, message = ("xfailed", xfails[case]) if verdict == "failed" else ("xpassed", "listed as xfail but passed")
-        failed = failed or verdict in ("failed", "xpassed")
-        results.append(case_record(spec, scenario, verdict=verdict, message=message, duration_s=outcome.seconds, checked=checked))
-        print(f"[{index + 1}/{len(plan)}] {verdict.upper():6} {spec}|{scenario.id}", flush=True)
+        failed = failed or verdict in ("failed", "error", "xpassed")
+        results.append(case_record(spec, scenario, verdict=verdict, message=message, duration_s=outcome.seconds,
+                                   checked=checked, failure=failure))
+        why = f": {failure.line()}" if failure is not None else ""
+        print(f"[{index + 1}/{len(plan)}] {verdict.upper():6} {spec}|{scenario.id}{why}", flush=True)
         if gathered is None:
             break  # the world is broken and cannot be respawned from here
     if rank == 0:

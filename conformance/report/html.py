@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from collections import defaultdict
 
+from conformance.report.record import one_line
+
 COLOURS = {
     "passed": "#2e7d32", "failed": "#c62828", "xfailed": "#f9a825", "xpassed": "#8e24aa",
     "skipped": "#9e9e9e", "error": "#c62828",
@@ -64,8 +66,8 @@ def _matrix(results: list[dict], adapters: list[str]) -> str:
             if r is None:
                 tds.append('<td class="v" style="background:#eee;color:#999">n/a</td>')
                 continue
-            first = (r["message"] or r["verdict"]).strip().splitlines()[0] if (r["message"] or "").strip() else r["verdict"]
-            anchor = f' href="#f-{_e(r["case"])}"' if r["verdict"] in ("failed", "xpassed") else ""
+            first = one_line(r)
+            anchor = f' href="#f-{_e(r["case"])}"' if r["verdict"] in ("failed", "error", "xpassed") else ""
             declared = r.get("declared") or []
             if declared:  # the verdict holds under these declared deviations from torch DDP
                 first += " | declared: " + "; ".join(declared)
@@ -152,11 +154,14 @@ def render(report: dict) -> str:
         f"{''.join(f'<br><small>{_e(src)}</small>' for src in a.get('semantics_sources') or [])}</td></tr>"
         for a in report["adapters"]
     )
-    legend = "".join(f'<span style="background:{c}">{v}: {s.get(v, 0)}</span>' for v, c in COLOURS.items() if v != "error")
+    legend = "".join(f'<span style="background:{c}">{v}: {s.get(v, 0)}</span>' for v, c in COLOURS.items())
     failures = "".join(
-        f'<h3 id="f-{_e(r["case"])}">{_e(r["case"])} — {_e(r["verdict"])}</h3><pre>{_e(r["message"])}</pre>'
-        for r in report["results"] if r["verdict"] in ("failed", "xpassed")
+        f'<h3 id="f-{_e(r["case"])}">{_e(r["case"])} — {_e(r["verdict"])}'
+        + (f' ({_e(r["failure_class"])})' if r.get("failure_class") else "")
+        + f'</h3><p><b>cause:</b> {_e(one_line(r))}</p><pre>{_e(r["message"])}</pre>'
+        for r in report["results"] if r["verdict"] in ("failed", "error", "xpassed")
     )
+    classes = ", ".join(f"{c}: {n}" for c, n in s.get("failure_classes", {}).items() if n)
     timelines = "".join(_timeline(r) for r in report["results"] if r["verdict"] == "passed")[:400_000]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>gradparity report</title>
 <style>{CSS}</style></head><body>
@@ -172,6 +177,7 @@ world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 <th>declared deviations from torch DDP</th></tr>{adapters}</table>
 {_compatibility(report)}
 <h2>Matrix ({s['total']} cases)</h2><p class="legend">{legend}</p>
+{f'<p>failure classes: {_e(classes)}</p>' if classes else ''}
 {_matrices(report)}
 <h2>Failures</h2>{failures or '<p>None.</p>'}
 {('<h2>Bucket timelines</h2>' + timelines) if timelines else ''}

@@ -7,8 +7,9 @@ import json
 import platform
 from collections import Counter
 
-SCHEMA = "gradparity.report/1"
+SCHEMA = "gradparity.report/2"  # 2: every non-pass carries `failure_class` and a one-line `cause`
 VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
+FAILURE_CLASSES = ("wrong value", "raised", "crashed", "hung", "infrastructure")
 
 
 def _adapter_info(spec: str) -> dict:
@@ -34,6 +35,7 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
     option = (lambda name, default=None: config.getoption(name)) if config is not None else (lambda name, default=None: default)
     devices = sorted({r["device"] for r in results})
     counts = Counter(r["verdict"] for r in results)
+    classes = Counter(r.get("failure_class") for r in results if r["verdict"] in ("failed", "error", "xfailed"))
     backends = sorted({"gloo" if d == "cpu" else ("nccl" if torch.cuda.device_count() > 1 else "gloo") for d in devices})
     return {
         "schema": SCHEMA,
@@ -53,7 +55,8 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
             "seeds": sorted({r["seed"] for r in results}),
         },
         "adapters": [_adapter_info(spec) for spec in adapters],
-        "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)},
+        "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)}
+        | {"failure_classes": {c: classes.get(c, 0) for c in FAILURE_CLASSES}},
         "results": sorted(results, key=lambda r: (r["adapter"], r["scenario"])),
     }
 

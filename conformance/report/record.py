@@ -11,7 +11,11 @@ def case_id(adapter_spec: str, scenario: Scenario) -> str:
     return f"{adapter_spec}{CASE_SEPARATOR}{scenario.id}"
 
 
-def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message: str, duration_s: float, checked=None) -> dict:
+def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message: str, duration_s: float, checked=None,
+                failure=None) -> dict:
+    """`failure` is a `conformance.failure.Classified` for every non-pass (None for a pass or skip):
+    the record then carries `failure_class` (wrong value, raised, crashed, hung, infrastructure)
+    and a one-line `cause`."""
     return {
         "case": case_id(adapter_spec, scenario),
         "adapter": adapter_spec,
@@ -30,6 +34,8 @@ def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message:
         "description": scenario.description,
         "verdict": verdict,
         "message": message,
+        "failure_class": failure.failure_class.value if failure is not None else None,
+        "cause": failure.cause if failure is not None else "",
         "duration_s": round(duration_s, 4),
         "comparisons": getattr(checked, "comparisons", None),
         "accepted_error": getattr(checked, "accepted_error", None),
@@ -47,3 +53,11 @@ def declared_deviations(adapter_spec: str, scenario: Scenario) -> list[str]:
         return declared(registry.load(adapter_spec), scenario).deviations()
     except Exception as exc:  # a report is still written; the case itself shows the error
         return [f"(could not read the declared semantics: {exc})"]
+
+
+def one_line(record: dict) -> str:
+    """`[class] cause` for a classified failure, else the message's first line."""
+    if record.get("failure_class"):
+        return f"[{record['failure_class']}] {record.get('cause') or ''}".rstrip()
+    first = (record.get("message") or "").strip().splitlines()[:1]
+    return first[0] if first else record["verdict"]

@@ -8,7 +8,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-STYLE = {"passed": "green", "failed": "bold red", "xfailed": "yellow", "xpassed": "magenta", "skipped": "dim"}
+from conformance.report.record import one_line
+
+STYLE = {"passed": "green", "failed": "bold red", "error": "bold red", "xfailed": "yellow", "xpassed": "magenta", "skipped": "dim"}
+COLUMNS = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
+BAD = ("failed", "error", "xpassed")
 
 
 def print_summary(terminalreporter, results: list[dict], written: dict | None, unmatched: list[str]) -> None:
@@ -18,20 +22,21 @@ def print_summary(terminalreporter, results: list[dict], written: dict | None, u
         by_adapter[r["adapter"]][r["verdict"]] += 1
     table = Table(title="gradparity conformance summary", show_lines=False)
     table.add_column("adapter")
-    for verdict in ("passed", "failed", "xfailed", "xpassed", "skipped"):
+    for verdict in COLUMNS:
         table.add_column(verdict, justify="right", style=STYLE[verdict])
     table.add_column("verdict")
     for adapter, counts in sorted(by_adapter.items()):
-        bad = counts["failed"] + counts["xpassed"]
-        table.add_row(
-            adapter, *(str(counts[v]) for v in ("passed", "failed", "xfailed", "xpassed", "skipped")),
-            "[bold red]NOT CONFORMANT[/]" if bad else "[green]conformant[/]",
-        )
+        if counts["failed"] + counts["xpassed"]:
+            state = "[bold red]NOT CONFORMANT[/]"
+        elif counts["error"]:
+            state = "[bold red]UNKNOWN (infrastructure errors)[/]"
+        else:
+            state = "[green]conformant[/]"
+        table.add_row(adapter, *(str(counts[v]) for v in COLUMNS), state)
     console.print(table)
     for r in results:
-        if r["verdict"] in ("failed", "xpassed"):
-            first = (r["message"] or "").strip().splitlines()[:1]
-            console.print(f"[red]✗[/] {escape(r['case'])}: {escape(first[0] if first else r['verdict'])}", highlight=False)
+        if r["verdict"] in BAD:
+            console.print(f"[red]✗[/] {escape(r['case'])}: {escape(one_line(r))}", highlight=False)
     for line in unmatched:
         console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
     if written:

@@ -24,6 +24,7 @@ from conformance.catalogue.bucketer import (
 )
 from conformance.compare import ConformanceError, compare_tensor, failure_message
 from conformance.contract import Checked, repro_command
+from conformance.failure import run_failed
 from conformance.spec import Scenario
 
 TASK = "conformance.runners.bucketer:run"
@@ -113,10 +114,8 @@ def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
         timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
     )
     if not outcome.ok:
-        raise ConformanceError(
-            f"[{scenario.id}] adapter {adapter_spec}: the run failed on {topology.key()}\n"
-            f"{outcome.render_failures()}\n  repro: {repro_command(scenario, adapter_spec)}"
-        )
+        raise run_failed(scenario.id, adapter_spec, outcome, where=topology.key(),
+                         repro=repro_command(scenario, adapter_spec))
     checked = judge(scenario, adapter_spec, outcome.values)
     checked.details = {"seconds": outcome.seconds, "rank_seconds": outcome.values[0].get("seconds")}
     return checked

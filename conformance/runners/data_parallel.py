@@ -19,6 +19,7 @@ import torch
 
 from conformance.compare import ConformanceError, Mismatch, compare_dicts, failure_message
 from conformance.contract import Checked, repro_command
+from conformance.failure import ImplementationRaised
 from conformance.fixtures.data import make_optimizer
 from conformance.fixtures.dp_models import (
     DP_MODELS,
@@ -88,8 +89,8 @@ def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
             out = adapter.data_parallel(model, inputs, device_list, first, spec.dim)
             total_loss(out).backward()
         except Exception as exc:
-            raise ConformanceError(
-                f"[{scenario.id}] adapter {adapter_spec}: step {step}: {type(exc).__name__}: {exc}\n  repro: {repro}"
+            raise ImplementationRaised(
+                f"[{scenario.id}] adapter {adapter_spec}: step {step}: {type(exc).__name__}: {exc}\n  repro: {repro}", exc
             ) from exc
         seconds += time.perf_counter() - t0
 

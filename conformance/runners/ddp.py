@@ -116,6 +116,7 @@ def judge(scenario: Scenario, adapter_spec: str, outcome, where: str = ""):
     """Compare a finished task's per-rank records with the oracle (also used under torchrun)."""
     from conformance import baseline, contract
     from conformance.compare import ConformanceError
+    from conformance.failure import run_failed
     from conformance.semantics import declared
 
     details = {
@@ -129,10 +130,8 @@ def judge(scenario: Scenario, adapter_spec: str, outcome, where: str = ""):
     details["declared_sources"] = list(semantics.sources)
     try:
         if not outcome.ok:
-            raise ConformanceError(
-                f"[{scenario.id}] adapter {adapter_spec}: the run failed{' on ' + where if where else ''}\n"
-                f"{outcome.render_failures()}\n  repro: {contract.repro_command(scenario, adapter_spec)}"
-            )
+            raise run_failed(scenario.id, adapter_spec, outcome, where=where,
+                             repro=contract.repro_command(scenario, adapter_spec))
         checked = contract.check_records(
             scenario, adapter_spec, baseline.compute(scenario, semantics), outcome.values, semantics=semantics,
         )

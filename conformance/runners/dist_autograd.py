@@ -29,6 +29,7 @@ import torch
 
 from conformance.compare import ConformanceError, Mismatch, compare_dicts, failure_message
 from conformance.contract import Checked, repro_command
+from conformance.failure import run_failed
 from conformance.runners import dist_autograd_fns as fns
 from conformance.spec import Scenario
 
@@ -186,9 +187,7 @@ def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
         timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
     )
     if not outcome.ok:
-        raise ConformanceError(
-            f"[{scenario.id}] adapter {adapter_spec}: the run failed on {topology.key()}\n"
-            f"{outcome.render_failures()}\n  repro: {repro}")
+        raise run_failed(scenario.id, adapter_spec, outcome, where=topology.key(), repro=repro)
     rec = outcome.values[0]
     if rec.get("crash"):
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: rank 0 raised\n{rec['crash']}  repro: {repro}")

@@ -60,7 +60,7 @@ def test_run_writes_reports_and_passes(env):
                      "--scenario", "ddp/no-sync/mlp/w2/fp32", "--report-dir", "out", timeout=300)
     assert result.ret == 0, result.stdout.str()[-3000:]
     report = json.loads((env.path / "out" / "gradparity.json").read_text())
-    assert report["schema"] == "gradparity.report/1"
+    assert report["schema"] == "gradparity.report/2"
     assert report["summary"]["passed"] == 2 and report["run"]["backends"] == ["gloo"]
     assert report["adapters"][0]["version"] and report["environment"]["torch"]
     assert {r["tolerance"] for r in report["results"]} == {"bitwise"}
@@ -76,7 +76,9 @@ def test_broken_implementation_fails_with_a_useful_message(env):
     assert result.ret == 1
     report = json.loads((env.path / "out" / "gradparity.json").read_text())
     (case,) = report["results"]
-    assert case["verdict"] == "failed"
+    assert case["verdict"] == "failed" and case["failure_class"] == "wrong value"
+    assert case["cause"].startswith("[ddp/plain/mlp/w2/fp32] adapter ddp-class=my_ddp:NoInitSync: rank 1, after construction")
+    assert "[wrong value] [ddp/plain/mlp/w2/fp32]" in result.stdout.str()
     assert "rank 1, after construction" in case["message"] and "repro: gradparity run --ddp-class my_ddp:NoInitSync" in case["message"]
 
 
