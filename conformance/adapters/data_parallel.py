@@ -12,6 +12,7 @@ The protocol is one call, `torch.nn.parallel.data_parallel`'s signature::
 
 `inputs` is the tuple of positional arguments; after the call and a backward through the
 returned output, the *original* module's `.grad`s must hold the full batch's gradients.
+Known-bad implementations live in the zoo: `conformance.fixtures.mutants.data_parallel`.
 """
 
 from __future__ import annotations
@@ -94,42 +95,3 @@ def refimpl_data_parallel() -> RefimplDataParallel:
 
 def torch_data_parallel() -> TorchDataParallel:
     return TorchDataParallel()
-
-
-# -- known-bad implementations: the tests prove the checks catch them -------------------------
-class DropsLastReplica(RefimplDataParallel):
-    """Mutant: the last replica's contribution to the parameters' gradients is lost."""
-
-    name = "mutant-dp-drops-last-replica"
-
-    def data_parallel(self, module, inputs, devices, output_device, dim):
-        from refimpl.data_parallel import gather, parallel_apply, replicate, scatter
-
-        chunks = scatter(inputs, devices, dim)
-        replicas = replicate(module, devices[: len(chunks)])
-        if len(replicas) > 1:  # the last replica computes with detached copies of the weights
-            replicas[-1] = replicate(module, devices[:1], detach=True)[0]
-        outputs = parallel_apply(replicas, chunks, None, devices[: len(chunks)])
-        return gather(outputs, output_device, dim)
-
-
-class ScalesByReplicas(RefimplDataParallel):
-    """Mutant: averages the replicas' gradients (divides by the replica count) instead of summing."""
-
-    name = "mutant-dp-averages"
-
-    def data_parallel(self, module, inputs, devices, output_device, dim):
-        out = super().data_parallel(module, inputs, devices, output_device, dim)
-        n = len(devices)
-        for p in module.parameters():
-            if p.requires_grad:
-                p.register_hook(lambda g, n=n: g / n)  # one hook per call: enough for one backward
-        return out
-
-
-def mutant_drops_last_replica() -> DropsLastReplica:
-    return DropsLastReplica()
-
-
-def mutant_averages() -> ScalesByReplicas:
-    return ScalesByReplicas()

@@ -26,11 +26,23 @@ from conformance.spec import Scenario, Tolerance, float_tolerance
 
 # Values outside fp32's exact-integer range (tied: five integer layers reach 1e8) or non-dyadic.
 EXACT_SUMS = Tolerance(True, reason="exact: small-integer data, so sums over replicas and rows are exact in any order")
-INEXACT_MODELS = {"transformer", "cnn-bn-eval", "tied"}
+INEXACT_MODELS = {"transformer", "cnn-bn-eval", "cnn-bn-train", "tied"}
+# Clauses of docs/contracts/data_parallel.md. Every scenario checks outputs and parameter
+# gradients; the others are named by the scenarios that exercise them (or derived in `make`).
+CORE = ("D1", "D2")
+ACCUMULATE, SPLIT, IN_NESTED, OUT_NESTED, DIM, INPUT_GRAD = "D3", "D4", "D5", "D6", "D7", "D8"
+BUFFERS, MODE, GRAD_MODE, DTYPES, FROZEN_TIED, SCALARS = "D9", "D10", "D11", "D12", "D13", "D14"
+MODEL_CLAUSES = {
+    "dict-in": (IN_NESTED,), "tuple-in": (IN_NESTED, OUT_NESTED), "multi-arg": (IN_NESTED, OUT_NESTED),
+    "nested-io": (IN_NESTED, OUT_NESTED), "batch-dim1": (DIM,), "batch-last": (DIM,),
+    "cnn-bn-eval": (BUFFERS, MODE), "cnn-bn-train": (BUFFERS, MODE), "frozen": (FROZEN_TIED,),
+    "tied": (FROZEN_TIED,), "mixed-dtype": (DTYPES,), "scalar-out": (SCALARS,),
+}
 
 
 def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards: tuple[int, ...] | None = None,
-         profiles: frozenset = QUICK, dtype: str = "float32", steps: int = 2, **fields) -> Scenario:
+         profiles: frozenset = QUICK, dtype: str = "float32", steps: int = 2, clauses: tuple[str, ...] = (),
+         **fields) -> Scenario:
     if shards is None:
         batch = batch if batch is not None else 4 * w
         base, extra = divmod(batch, w)
@@ -43,6 +55,16 @@ def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards:
     else:
         tolerance = float_tolerance(dtype, rows, f"{dtype}: batch sums over {rows} rows in another split")
     requires = {C.HALF_PRECISION} if dtype in ("float16", "bfloat16") else set()
+    switches = fields.pop("switches", {})
+    derived = set(CORE) | set(clauses) | set(MODEL_CLAUSES.get(model, ()))
+    if optimizer == "none" and steps > 1:
+        derived.add(ACCUMULATE)
+    if dtype != "float32":
+        derived.add(DTYPES)
+    if any(s != shards[0] for s in shards) or rows < w:
+        derived.add(SPLIT)
+    derived |= {INPUT_GRAD} if switches.get("input_grad") else set()
+    derived |= {GRAD_MODE} if switches.get("no_grad") else set()
     return Scenario(
         id=f"data_parallel/{name}/{model}/r{w}/{SHORT[dtype]}",
         area="data_parallel",
@@ -57,6 +79,8 @@ def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards:
         requires=frozenset(requires),
         buffer_rule="unchanged",
         profiles=profiles,
+        model_kwargs=tuple(sorted(switches.items())),
+        clauses=tuple(sorted(derived, key=lambda c: int(c[1:]))),
         **fields,
     )
 
@@ -83,8 +107,9 @@ def scenarios() -> list[Scenario]:
         make("bn-eval", "cnn-bn-eval", w=4, batch=6, exact_data=False, profiles=STANDARD),
         make("tied", "tied", w=2, profiles=STANDARD, description="tied weights: both uses reduce into one grad"),
         make("tied", "tied", w=3, batch=5, profiles=FULL),
-        make("frozen", "frozen", w=2, profiles=STANDARD, description="frozen layer keeps grad None"),
+        make("frozen", "frozen", w=2, description="frozen layer keeps grad None"),
         make("embedding", "embedding", w=2, profiles=STANDARD),
+        make("fp64-dict", "dict-in", w=2, dtype="float64"),
         make("transformer", "transformer", w=2, exact_data=False, profiles=STANDARD),
         make("transformer", "transformer", w=3, batch=5, exact_data=False, profiles=FULL),
         make("many-tiny", "many-tiny", w=2, profiles=FULL),
@@ -93,6 +118,25 @@ def scenarios() -> list[Scenario]:
         make("sgd", "mlp", w=2, optimizer="sgd", steps=3, exact_data=True, profiles=STANDARD,
              description="SGD steps between data_parallel calls (tolerance: weights leave the integers)"),
         make("adam", "mlp", w=2, optimizer="adam", steps=3, exact_data=True, profiles=FULL),
+    ]
+    out += [
+        make("nested", "nested-io", w=2, switches={"input_grad": True},
+             description="namedtuple holding a list in (and a str), namedtuple with a list and None out; input grads"),
+        make("nested", "nested-io", w=3, batch=7, profiles=STANDARD, switches={"input_grad": True}),
+        make("dim-last", "batch-last", w=2, description="3-D inputs, batch on the last dim (dim=-1)"),
+        make("dim-last", "batch-last", w=3, batch=5, profiles=STANDARD),
+        make("input-grad", "mlp", w=3, batch=5, switches={"input_grad": True}, profiles=STANDARD,
+             description="inputs require grad: their gradient flows back through scatter"),
+        make("input-grad", "multi-arg", w=2, switches={"input_grad": True}, profiles=STANDARD),
+        make("scalar-out", "scalar-out", w=2, description="a 0-dim output per replica: gathered into a vector"),
+        make("scalar-out", "scalar-out", w=4, batch=8, profiles=STANDARD),
+        make("bn-train", "cnn-bn-train", w=2, batch=8, exact_data=False,
+             description="BatchNorm in train mode: per-replica batch statistics; running stats follow replica 0"),
+        make("bn-train", "cnn-bn-train", w=4, batch=8, exact_data=False, profiles=STANDARD),
+        make("no-grad", "mlp", w=2, switches={"no_grad": True},
+             description="a last call under torch.no_grad(): same output, no graph, gradients untouched"),
+        make("no-grad", "dict-in", w=3, batch=7, switches={"no_grad": True}, profiles=STANDARD),
+        make("frozen", "frozen", w=3, batch=5, profiles=STANDARD),
     ]
     for model in ("mlp", "dict-in", "tuple-in", "multi-arg"):
         for w in (1, 2, 3, 4):

@@ -8,6 +8,13 @@ module (None stays None: frozen parameters), then — after the same optimizer s
 every parameter and buffer (buffers must be untouched: eval-mode BatchNorm, no buffers
 written by replicas). With no optimizer the steps accumulate into `.grad`: the second call's
 gradients must add to the first's.
+
+Scenario switches (model kwargs, `docs/contracts/data_parallel.md`): `input_grad` makes the
+floating-point inputs require grad and compares their gradients (scatter is differentiable);
+`no_grad` adds a last call under `torch.no_grad()`, whose output must match and hold no
+graph, and which must leave every gradient as it was. Models with `oracle="per-chunk"` are
+compared with the module run on each equal chunk in turn (outputs concatenated, 0-dim ones
+stacked; running statistics: replica 0's chunk's update).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from conformance.fixtures.dp_models import (
     total_loss,
 )
 from conformance.spec import Scenario
+
+SWITCHES = ("input_grad", "no_grad")  # scenario switches, not model arguments
 
 
 def run(payload, ctx):  # noqa: ARG001 - the area needs no rank processes
@@ -54,6 +63,48 @@ def _outputs(out) -> dict:
             for k, v in flatten_output(out).items()}
 
 
+def _leaves(obj, path: str = "input") -> dict:
+    """Every tensor of a nested input by path (namedtuples, lists, tuples, dicts)."""
+    if isinstance(obj, torch.Tensor):
+        return {path: obj}
+    out = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_leaves(v, f"{path}[{k!r}]"))
+    elif isinstance(obj, (tuple, list)):
+        for i, v in enumerate(obj):
+            out.update(_leaves(v, f"{path}[{i}]"))
+    return out
+
+
+def _clone_inputs(obj, grad: bool):
+    """A fresh copy of the inputs; floating-point tensors require grad when `grad`."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().clone()
+        return t.requires_grad_() if grad and t.is_floating_point() else t
+    if isinstance(obj, dict):
+        return {k: _clone_inputs(v, grad) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_clone_inputs(v, grad) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_clone_inputs(v, grad) for v in obj)
+    return obj
+
+
+def _oracle_forward(oracle, inputs: tuple, spec, replicas: int):
+    """The module on the full batch, or ("per-chunk") on each equal chunk in turn, gathered."""
+    if spec.oracle != "per-chunk":
+        return oracle(*inputs)
+    chunks = [tuple(t.chunk(replicas, spec.dim)[j] for t in inputs) for j in range(replicas)]
+    outs = [oracle(*chunks[0])]  # replica 0's buffer updates are the ones the original keeps
+    for args in chunks[1:]:  # the others update copies of the buffers, thrown away
+        copies = {n: b.clone() for n, b in oracle.named_buffers()}
+        outs.append(torch.func.functional_call(oracle, copies, args))
+    if all(o.dim() == 0 for o in outs):
+        return torch.stack(outs)
+    return torch.cat(outs, spec.dim)
+
+
 def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
     from conformance.adapters import registry
 
@@ -67,12 +118,15 @@ def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
     batch = sum(scenario.shard_sizes) if scenario.shard_sizes else 4 * scenario.world_size
 
     torch.manual_seed(scenario.seed)
-    model = build(scenario.model, scenario.kwargs(), seed=scenario.seed, dtype=scenario.dtype, device=home,
+    model_kwargs = {k: v for k, v in scenario.kwargs().items() if k not in SWITCHES}
+    model = build(scenario.model, model_kwargs, seed=scenario.seed, dtype=scenario.dtype, device=home,
                   exact=scenario.exact_data)
     oracle = copy.deepcopy(model)
     opt, opt_oracle = (make_optimizer(scenario.optimizer, [p for p in m.parameters() if p.requires_grad])
                        for m in (model, oracle))
     count, seconds = 0, 0.0
+    kw = scenario.kwargs()
+    input_grad = bool(kw.get("input_grad"))
 
     def fail(step, what, mismatches):
         raise ConformanceError(failure_message(
@@ -81,8 +135,9 @@ def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
         ))
 
     for step in range(scenario.steps):
-        inputs = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
-        expected_out = oracle(*inputs)
+        drawn = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
+        inputs, oracle_inputs = _clone_inputs(drawn, input_grad), _clone_inputs(drawn, input_grad)
+        expected_out = _oracle_forward(oracle, oracle_inputs, spec, scenario.world_size)
         total_loss(expected_out).backward()
         t0 = time.perf_counter()
         try:
@@ -111,6 +166,12 @@ def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
         count += 1
         if bad:
             fail(step, "gradients of the original module differ from a full-batch backward", bad)
+        if input_grad:
+            grads = lambda obj: {k: (None if t.grad is None else t.grad.detach().cpu()) for k, t in _leaves(obj).items()}  # noqa: E731
+            bad = compare_dicts(grads(oracle_inputs), grads(inputs), tol)
+            count += 1
+            if bad:
+                fail(step, "gradients of the inputs differ from a full-batch backward (scatter must pass them back)", bad)
         if opt is not None:
             opt.step()
             opt_oracle.step()
@@ -124,4 +185,31 @@ def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
         count += 1
         if bad:
             fail(step, "buffers differ from the full-batch module's (replicas must not change them)", bad)
+    if kw.get("no_grad"):
+        count += _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail)
     return Checked(count, details={"seconds": seconds, "devices": [str(d) for d in device_list]})
+
+
+def _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail) -> int:
+    """A call under torch.no_grad(): the same output, no graph, gradients left as they were."""
+    spec, tol, step = DP_MODELS[scenario.model], scenario.tolerance, scenario.steps
+    inputs = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
+    before = _grads(model)
+    with torch.no_grad():
+        expected_out = _oracle_forward(oracle, inputs, spec, scenario.world_size)
+        try:
+            out = adapter.data_parallel(model, inputs, device_list, device_list[0], spec.dim)
+        except Exception as exc:  # noqa: BLE001 - the implementation's error is the finding
+            fail(step, f"a call under torch.no_grad() raised {type(exc).__name__}: {exc}", [])
+    expected, actual = _outputs(expected_out), _outputs(out)
+    bad = compare_dicts({k: v for k, v in expected.items() if isinstance(v, torch.Tensor)},
+                        {k: v for k, v in actual.items() if isinstance(v, torch.Tensor)}, tol)
+    if bad:
+        fail(step, "under torch.no_grad() the gathered output differs from the module's", bad)
+    graph = [k for k, v in flatten_output(out).items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    if graph:
+        fail(step, f"under torch.no_grad() the output {graph[0]} requires grad (a graph was built)", [])
+    bad = compare_dicts(before, _grads(model), tol)
+    if bad:
+        fail(step, "a call under torch.no_grad() changed the gradients", bad)
+    return 3
