@@ -17,6 +17,10 @@ rank keeps its own running statistics), so they skip them with the capability na
 
 Exactness: as for DDP — bitwise at world size <= 2 (sharding changes where the sum of two
 terms is computed, not its value), tolerance scaled by the summands at 3 and 4.
+
+Clauses (`docs/contracts/sharded.md`) are derived from what each scenario exercises
+(`clauses_of`); S3 (shard layout) from the model itself: a parameter whose size the world
+size does not divide, so a shard carries padding.
 """
 
 from __future__ import annotations
@@ -35,12 +39,48 @@ QUICK_IDS = {
     "sharded/no-sync/mlp/w2/fp32",
     "sharded/unused-on-rank1/branches/w2/fp32",
     "sharded/bucket-over-cap/big-param/w2/fp32",
+    "sharded/plain/cnn-bn/w2/fp32",  # padding (a 3-element bias at w2) and buffers
+    "sharded/uneven/mlp/w2/fp32",
 }
 
 
 def applies(s: Scenario) -> bool:
     o = s.options
     return not (o.comm_hook or o.gradient_as_bucket_view or o.static_graph or C.SPARSE in s.requires)
+
+
+def _padded(s: Scenario) -> bool:
+    """Whether some parameter's size is not a multiple of the world size (a padded shard)."""
+    from conformance.fixtures.data import build_model
+
+    if s.world_size == 1:
+        return False
+    model = build_model(s.model, s.kwargs(), seed=s.seed, rank=0, dtype=s.dtype, device="cpu", exact=s.exact_data)
+    return any(p.numel() % s.world_size for p in model.parameters())
+
+
+def clauses_of(s: Scenario) -> tuple[str, ...]:
+    """The clauses of docs/contracts/sharded.md a scenario exercises."""
+    c = {"S1", "S2"}
+    if _padded(s):
+        c.add("S3")
+    if s.optimizer != "none":
+        c.add("S4")
+    if s.micro_batches > 1:
+        c.add("S5")
+    if s.model == "branches" or s.options.find_unused_parameters:
+        c.add("S6")
+    if s.model in BUFFER_READING_MODELS:
+        c.add("S7")
+    if "rank-uses-no-param" in s.id:
+        c.add("S8")
+    if s.options.bucket_cap_mb is not None:
+        c.add("S9")
+    if s.dtype != "float32" or s.model == "mixed-dtype":
+        c.add("S10")
+    if s.shard_sizes and len(set(s.shard_sizes)) > 1:
+        c.add("S11")
+    return tuple(sorted(c, key=lambda x: int(x[1:])))
 
 
 def scenarios() -> list[Scenario]:
@@ -52,5 +92,7 @@ def scenarios() -> list[Scenario]:
             s = s.with_(requires=s.requires | {C.BUFFER_BROADCAST})
         if "quick" in s.profiles and s.id not in QUICK_IDS:
             s = s.with_(profiles=s.profiles - {"quick"})
-        out.append(s)
+        elif s.id in QUICK_IDS:
+            s = s.with_(profiles=s.profiles | {"quick"})
+        out.append(s.with_(clauses=clauses_of(s)))
     return out

@@ -25,7 +25,7 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
     assert all(C.BUFFER_BROADCAST in s.requires for s in full if s.model in ("buffered", "cnn-bn"))
     assert {s.world_size for s in catalogue.select(area="sharded", profile="standard")} == {1, 2, 3, 4}
     quick = catalogue.select(area="sharded", profile="quick")
-    assert 3 <= len(quick) <= 6
+    assert 3 <= len(quick) <= 7
 
 
 def test_capabilities_are_declared_per_adapter():
@@ -59,3 +59,59 @@ def test_fsdp_zero_filled_grads_are_reported(session):
     """FSDP1's flat gradient zero-fills a parameter no rank used (the contract wants None)."""
     with pytest.raises(ConformanceError, match=r"never\.weight: expected grad None"):
         driver.check(_get("sharded/unused-on-all/branches/w2/fp32"), "torch-fsdp", session)
+
+
+# -- the zoo: one known-bad engine per clause of docs/contracts/sharded.md ---------------------------
+def test_every_clause_has_a_mutant_and_a_scenario():
+    from conformance.fixtures.mutants import sharded as zoo
+
+    standard = catalogue.select(area="sharded", profile="standard")
+    clauses = {c for s in standard for c in s.clauses}
+    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 12)}
+    assert _get("sharded/plain/mlp/w3/fp32").clauses.count("S3") == 1  # padded shards at w3
+    assert "S3" not in _get("sharded/plain/mlp/w2/fp32").clauses
+
+
+# mutant -> (a scenario of the clause it breaks, what the failure says); a cheap subset runs here,
+# `gradparity zoo --area sharded` runs them all.
+CAUGHT = {
+    "floor-chunks": ("sharded/plain/cnn-bn/w2/fp32", "head.bias"),
+    "zero-fills-unused": ("sharded/unused-on-all/branches/w2/fp32", "expected grad None"),
+    "batch-weighted": ("sharded/uneven/mlp/w2/fp32", "rank 0"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CAUGHT))
+def test_broken_engines_are_caught_where_they_fire(session, name):
+    scenario_id, needle = CAUGHT[name]
+    spec = f"conformance.fixtures.mutants.sharded:{name.replace('-', '_')}"
+    with pytest.raises(ConformanceError) as info:
+        driver.check(_get(scenario_id), spec, session)
+    message = str(info.value)
+    assert scenario_id in message and needle in message, message
+    fired = [s["mutation_fired"] for s in info.value.details["backward_stats"].values()]
+    assert sum(fired) > 0, f"{name} failed without its bug firing"
+
+
+@pytest.mark.slow
+def test_the_zoo_base_passes_through_the_same_path(session):
+    for scenario_id in {s for s, _ in CAUGHT.values()}:
+        checked = driver.check(_get(scenario_id), "conformance.fixtures.mutants.sharded:correct", session)
+        assert checked.comparisons > 5
+        assert all(s["mutation_fired"] == 0 for s in checked.details["backward_stats"].values())
+
+
+def test_sharded_judge_fails_on_one_ulp_and_passes_the_control():
+    """The sharded area is judged by the DDP contract check: the same one-element meta-test."""
+    from conformance.contract import check_records
+    from tests.conformance import test_compare_meta as meta
+
+    assert catalogue.AREAS["sharded"][1] == "conformance.runners.ddp"
+    scenario = meta.SCENARIO.with_(id="sharded/meta/hand-built/w2/fp32", area="sharded")
+    baseline, records = meta._oracle()
+    baseline.scenario = scenario
+    assert check_records(scenario, "meta", baseline, records).comparisons > 0
+    records[1]["events"][0]["values"] = dict(records[1]["events"][0]["values"], b=meta._ulp_up(records[1]["events"][0]["values"]["b"]))
+    with pytest.raises(ConformanceError, match="rank 1"):
+        check_records(scenario, "meta", baseline, records)
