@@ -11,9 +11,9 @@ import torch.distributed as dist
 
 
 @torch.no_grad()
-def broadcast_from_rank0(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
-    """Overwrite ``tensors`` in place with group rank 0's values."""
-    src = dist.get_global_rank(group, 0)
+def broadcast_from_rank0(tensors: list[torch.Tensor], group: dist.ProcessGroup, group_src: int = 0) -> None:
+    """Overwrite ``tensors`` in place with group rank ``group_src``'s values (rank 0 unless joining)."""
+    src = dist.get_global_rank(group, group_src)
     groups: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)

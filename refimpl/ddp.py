@@ -16,6 +16,23 @@ Usage::
 The process group is resolved once, at construction (``dist.group.WORLD`` when none is
 given); nothing is kept in module-level state, so several instances on different groups
 coexist.
+
+Production features, as in torch: uneven inputs with ``ddp.join()`` or
+``torch.distributed.algorithms.Join`` (``refimpl.join``); ``torch.autocast`` and
+``torch.amp.GradScaler`` need nothing from the wrapper (gradients are reduced in the
+parameters' dtype); activation checkpointing (non-reentrant always; reentrant too, and
+where a parameter's gradient arrives in several reentrant segments, with
+``static_graph=True``); ``state_dict()`` keys carry the ``module.`` prefix and the wrapper
+pickles (``torch.save(ddp)``) on the default group, rebuilding its reducer on load.
+
+[Note: torch.compile] ``torch.compile(ddp)`` compiles only the wrapped module's forward: the
+wrapper's bookkeeping before and after it (``_pre_forward`` / ``_post_forward``: join
+collectives, buffer broadcast, reducer preparation) is excluded from tracing with
+``torch.compiler.disable``, so it runs eagerly, exactly as without compile.
+``DDP(torch.compile(model))`` needs nothing. In both, the compiled backward (AOT autograd)
+returns every parameter's gradient at once at its end; the reducer's per-parameter
+post-accumulate-grad hooks then fire eagerly, one per parameter, and buckets launch as they
+fill: the same gradients as eager, with less overlap of communication and backward.
 """
 
 from __future__ import annotations
@@ -28,9 +45,11 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable
 
 from .broadcast import broadcast_from_rank0
 from .bucketing import DEFAULT_BUCKET_CAP_BYTES
+from .join import DDPJoinHook, find_common_rank
 from .nested import find_tensors, move_to
 from .reducer import Reducer
 from .reducer_stats import BackwardStats
@@ -49,7 +68,7 @@ _UNSUPPORTED = {
 }
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(nn.Module, Joinable):
     """Average gradients across a process group during backward (see module docstring).
 
     Differences from torch, on purpose: a parameter that gets no gradient without
@@ -77,6 +96,8 @@ class DistributedDataParallel(nn.Module):
         **kwargs,
     ) -> None:
         super().__init__()
+        Joinable.__init__(self)
+        self._divide_by_initial_world_size = True
         for name, value in kwargs.items():
             if name not in _UNSUPPORTED:
                 raise TypeError(f"DistributedDataParallel got an unexpected keyword argument {name!r}")
@@ -134,52 +155,137 @@ class DistributedDataParallel(nn.Module):
         self.bucket_bytes_cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
+        self._ignore = ignore
+        self._init_sync_buffers = init_sync_buffers
         self._buffers_to_sync = _unique(b for n, b in module.named_buffers() if n not in ignore)
 
         if init_sync:
-            states = [p for n, p in module.named_parameters() if n not in ignore]
-            if init_sync_buffers:
-                states += self._buffers_to_sync
-            broadcast_from_rank0(_unique(states), self.process_group)
+            self._sync_module_states(0)
+        self.reducer = self._build_reducer()
 
+    def _build_reducer(self) -> Reducer:
+        params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad and n not in self._ignore]
         sparse_weights = {
             id(m.weight)
-            for m in module.modules()
+            for m in self.module.modules()
             if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
         }
-        self.reducer = Reducer(
+        return Reducer(
             [p for _, p in params],
             [n for n, _ in params],
             self.process_group,
             bucket_cap_bytes=self.bucket_bytes_cap or DEFAULT_BUCKET_CAP_BYTES,
             expect_sparse_gradient=[id(p) in sparse_weights for _, p in params],
-            find_unused_parameters=find_unused_parameters,
-            gradient_as_bucket_view=gradient_as_bucket_view,
-            static_graph=static_graph,
+            find_unused_parameters=self.find_unused_parameters,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+            static_graph=self.static_graph,
         )
+
+    def _sync_module_states(self, group_src: int) -> None:
+        """Parameters (and buffers, where construction syncs them) from group rank ``group_src``."""
+        states = [p for n, p in self.module.named_parameters() if n not in self._ignore]
+        if self._init_sync_buffers:
+            states += self._buffers_to_sync
+        broadcast_from_rank0(_unique(states), self.process_group, group_src)
 
     # ---------------------------------------------------------------- forward
     def forward(self, *inputs, **kwargs):
-        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
-        if sync:
-            self.reducer.prepare_for_forward()
-        else:
-            self.reducer.skip_backward()
-        if self.require_forward_param_sync and self.forward_sync_buffers and self._buffers_to_sync:
-            # Rank 0's buffers win (e.g. BatchNorm running stats), as in torch.
-            broadcast_from_rank0(self._buffers_to_sync, self.process_group)
+        sync = self._pre_forward()
         if self.device_ids:
             device = self.device
             inputs = move_to(inputs, device, non_blocking=True)
             kwargs = move_to(kwargs, device, non_blocking=True)
         output = self.module(*inputs, **kwargs)
+        self._post_forward(output, sync)
+        return output
+
+    @torch.compiler.disable
+    def _pre_forward(self) -> bool:
+        """Collectives and reducer preparation before the module runs (see [Note: torch.compile])."""
+        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self._join_config.enable:
+            self._join_pre_forward(sync)
+        if sync:
+            self.reducer.prepare_for_forward()
+        else:
+            self.reducer.skip_backward()
+        if self._sync_buffers_this_forward():
+            self._broadcast_buffers(active=True)
+        return sync
+
+    @torch.compiler.disable
+    def _post_forward(self, output, sync: bool) -> None:
         if sync:
             self.require_forward_param_sync = True
+            tensors = list(find_tensors(output))
             walk = self.find_unused_parameters and not self.static_graph
-            self.reducer.prepare_for_backward(list(find_tensors(output)) if walk else ())
+            self.reducer.prepare_for_backward(tensors if walk else ())
+            self.reducer.attach_to_outputs(tensors)
         else:
             self.require_forward_param_sync = False
-        return output
+
+    def _sync_buffers_this_forward(self) -> bool:
+        return bool(self.require_forward_param_sync and self.forward_sync_buffers and self._buffers_to_sync)
+
+    def _broadcast_buffers(self, active: bool) -> None:
+        """Rank 0's buffers win (e.g. BatchNorm running stats), as in torch; under join the
+        highest active rank's (rank 0 may have joined with stale buffers)."""
+        src = 0
+        if self._join_config.enable:
+            src = find_common_rank(dist.get_rank(self.process_group), active, self.process_group, self.join_device)
+        broadcast_from_rank0(self._buffers_to_sync, self.process_group, src)
+
+    # ----------------------------------------------------------- join (uneven inputs)
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """Context manager for uneven inputs across ranks (torch's signature; ``refimpl.join``)."""
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs) -> DDPJoinHook:
+        return DDPJoinHook(self, divide_by_initial_world_size=kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.device if self.device is not None else torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return self.process_group
+
+    def _check_joinable(self) -> None:
+        if self.static_graph or any(b.sparse for b in self.reducer.plan):
+            raise RuntimeError(
+                "refimpl DistributedDataParallel does not support join (uneven inputs) with static_graph=True "
+                "or sparse gradients; drop static_graph / use dense embeddings, or give every rank the same "
+                "number of batches"
+            )
+
+    def _join_pre_forward(self, sync: bool) -> None:
+        """An active rank's side of join (see ``refimpl.join`` for the collective sequence)."""
+        work = Join.notify_join_context(self)
+        if work is not None and sync and not self._divide_by_initial_world_size:
+            work.wait()
+            self.reducer.set_divide_factor(int(work.result()[0].item()))
+        flag = torch.ones(1, device=self.join_device) if sync else torch.zeros(1, device=self.join_device)
+        dist.all_reduce(flag, group=self.process_group)
+
+    # ----------------------------------------------------------------- pickle
+    def __getstate__(self) -> dict:
+        if self.process_group is not dist.group.WORLD:
+            raise RuntimeError(
+                "only a DistributedDataParallel on the default process group can be pickled "
+                "(a process group cannot be); pickle .module instead"
+            )
+        state = self.__dict__.copy()
+        del state["process_group"], state["reducer"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled on the default group with a fresh reducer (comm hooks are not kept, as in torch)."""
+        super().__setstate__(state)
+        self.process_group = dist.group.WORLD
+        self.reducer = self._build_reducer()
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -33,6 +33,14 @@ reaches no parameter at all gets no gradient hook in its backward, so nothing wo
 launch its buckets and the other ranks would wait forever or mismatch collectives
 (pytorch/pytorch#40566). The graph walk tells us this at the end of forward, so the reducer
 contributes zeros for every bucket right there, in bucket order, and finalizes.
+
+[Note: finalize on the outer backward] The finalize callback is queued on the graph task
+that is running when it is queued. A reentrant backward (``torch.utils.checkpoint`` with
+``use_reentrant=True``) runs each checkpointed segment's backward as a graph task of its
+own, so a callback queued by the first gradient hook would run when the first *segment*
+ends. ``attach_to_outputs`` therefore registers a pre-hook on the forward outputs'
+autograd nodes: it runs first, in the outer graph task, and queues finalize there. The
+gradient hooks only fall back to queuing it when backward did not start from an output.
 """
 
 from __future__ import annotations
@@ -112,6 +120,7 @@ class Reducer:
         self._pg = process_group
         self._world_size = dist.get_world_size(process_group)
         self._inv = 1.0 / self._world_size
+        self._div = self._world_size  # the averaging divisor (see set_divide_factor)
         self._scale = self._world_size != 1
         self._find_unused = find_unused_parameters
         self._as_view = gradient_as_bucket_view
@@ -203,6 +212,13 @@ class Reducer:
             h.remove()
 
     # ------------------------------------------------------------- iteration
+    def set_divide_factor(self, divisor: int) -> None:
+        """Average the next synced backward over ``divisor`` ranks (uneven inputs, join)."""
+        if self._state is not _IDLE and self._state is not _PREPARED:
+            raise RuntimeError(f"set_divide_factor called while the reducer is {self._state.value}")
+        self._div = divisor
+        self._inv = 1.0 / divisor
+
     def prepare_for_forward(self) -> None:
         """Before a synced forward: refuse a half-finished iteration, rebuild buckets once."""
         if self._state is _BACKWARD:
@@ -246,6 +262,48 @@ class Reducer:
         self._base_ns = _now()
         if self._find_unused and not self._static and len(self._unused_at_start) == n:
             self._reduce_without_backward()
+
+    def attach_to_outputs(self, outputs: Sequence[torch.Tensor]) -> None:
+        """See [Note: finalize on the outer backward]."""
+        seen = set()
+        for t in outputs:
+            fn = t.grad_fn
+            if fn is not None and fn not in seen:
+                seen.add(fn)
+                fn.register_prehook(self._output_prehook)
+
+    def _output_prehook(self, grad_outputs):
+        if self._state is _PREPARED:
+            self._begin_backward()
+
+    def shadow_backward(self) -> None:
+        """A joined rank (uneven inputs): issue one synced backward's collectives with zeros.
+
+        Same buckets in the same order (through the comm hook when there is one), then the
+        used map where the active ranks all-reduce it; this rank's ``.grad`` is untouched.
+        """
+        if self._state is not _IDLE and self._state is not _PREPARED:
+            raise RuntimeError(f"a joined rank shadowed a backward while its reducer is {self._state.value}")
+        if self._static or any(b.sparse for b in self._buckets):
+            raise RuntimeError("join (uneven inputs) is not supported with static_graph or sparse gradients")
+        works = []
+        for b in self._buckets:
+            zeros = torch.zeros_like(b.buffer)
+            if self._hook is not None:
+                b.grad_bucket.set_buffer(zeros)
+                works.append(self._hook(self._hook_state, b.grad_bucket))
+            else:
+                works.append(dist.all_reduce(zeros, group=self._pg, async_op=True))
+        for w in works:
+            w.wait()
+        if self._find_unused:
+            used = torch.zeros(len(self._params), dtype=torch.int32, device=self._map_device)
+            dist.all_reduce(used, group=self._pg)
+        if self._rebuild_allowed and not self.buckets_rebuilt and self._rebuild_order is None:
+            # Active ranks rebuild at their next synced forward; rank 0's order wins, so ours
+            # only has to exist (torch pushes the default order likewise).
+            self._rebuild_order = list(range(len(self._params)))
+        self._state = _IDLE
 
     def _reduce_without_backward(self) -> None:
         """See [Note: a rank that uses no parameter]."""
@@ -338,7 +396,7 @@ class Reducer:
         while self._next_bucket < nb and buckets[self._next_bucket].pending == 0:
             b = buckets[self._next_bucket]
             self._next_bucket += 1
-            b.launch(self._pg, self._world_size, self._hook, self._hook_state)
+            b.launch(self._pg, self._div, self._hook, self._hook_state)
 
     # -------------------------------------------------------------- finalize
     def _finalize(self) -> None:
@@ -355,6 +413,8 @@ class Reducer:
         self._finalize_end_ns = _now()
         self._used = [0] * len(self._params)
         self._state = _IDLE
+        if self._div != self._world_size:
+            self.set_divide_factor(self._world_size)  # join sets it per iteration
 
     def _finalize_inner(self) -> None:
         n = len(self._params)
@@ -401,6 +461,7 @@ class Reducer:
             b.abandon()
         self._used = [0] * len(self._params)
         self._state = _IDLE
+        self.set_divide_factor(self._world_size)
 
     def _fail(self, error: Exception) -> None:
         self._abort()

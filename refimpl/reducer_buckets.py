@@ -70,7 +70,11 @@ class Bucket:
         self.on_done = on_done
 
     def launch(self, group, world_size: int, hook, hook_state) -> None:
-        """Issue this bucket's collective (all ranks call this in bucket order)."""
+        """Issue this bucket's collective (all ranks call this in bucket order).
+
+        ``world_size`` is the averaging divisor: the group size, or the number of active
+        ranks under join with ``divide_by_initial_world_size=False``.
+        """
         b = self
         b.launch_ns = _now()
         if b.sparse:

@@ -39,6 +39,12 @@ def _reachable_leaves(outputs):
         if fn in seen:
             continue
         seen.add(fn)
+        if type(fn).__name__ == "CheckpointFunctionBackward":
+            raise RuntimeError(
+                "find_unused_parameters=True cannot see the parameters inside a reentrant activation "
+                "checkpoint (torch.utils.checkpoint with use_reentrant=True hides them until backward): "
+                "use use_reentrant=False, or static_graph=True instead of find_unused_parameters"
+            )
         var = getattr(fn, "variable", None)
         if var is not None:  # AccumulateGrad: a leaf
             yield var
