@@ -60,6 +60,8 @@ class Expected:
     buffers: list[dict[str, Tensor] | None] = field(default_factory=list)
 
     def where(self) -> str:
+        if self.kind == "joined":
+            return "after join (every rank must hold the model of the last rank to run out of data)"
         if self.kind == "step":
             return f"after optimizer step {self.step}"
         sync = "synced" if self.synced else "no_sync"
@@ -129,6 +131,10 @@ def average(local: list[Grads], world_size: int) -> Grads:
 def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
     """The oracle for `scenario` under the declared `semantics`, computed once per process."""
     with _single_thread():
+        if scenario.features:  # join, AMP, compile ...: conformance.baseline_features
+            from conformance import baseline_features
+
+            return baseline_features.compute(scenario, semantics)
         return _compute(scenario, semantics)
 
 

@@ -83,7 +83,7 @@ def check_records(
     for index, expected in enumerate(baseline.events):
         present = [r for r in range(scenario.world_size) if index < lengths[r]]
         if len(present) < scenario.world_size:
-            if scenario.expect == Expect.MATCH_OR_ERROR and all(errors.values()) and not present:
+            if scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and all(errors.values()) and not present:
                 break
             absent = sorted(set(range(scenario.world_size)) - set(present))
             why = "; ".join(f"rank {r}: {errors[r]['type']}: {errors[r]['message']}" for r in absent if errors.get(r))
@@ -95,7 +95,9 @@ def check_records(
             actual = records[rank]["events"][index]
             if (actual["kind"], actual["step"]) != (expected.kind, expected.step):
                 raise ConformanceError(f"[{scenario.id}] rank {rank}: record out of order at {expected.where()}")
-            what = "parameters differ from the oracle" if expected.kind == "step" else "gradients differ from the oracle"
+            if expected.per_rank[rank] is None:
+                continue  # this rank takes no part here (join: it ran out of data)
+            what = "gradients differ from the oracle" if expected.kind == "backward" else "parameters differ from the oracle"
             bad = compare_dicts(expected.per_rank[rank], actual["values"], tol)
             count += 1
             if bad:
@@ -105,9 +107,10 @@ def check_records(
                 bad = compare_dicts(wanted, actual["buffers"], tol)
                 if bad:
                     fail(rank, expected.where(), f"buffers differ from the oracle (rule: {buffer_rule})", bad)
-        if expected.synced:
-            reference = records[0]["events"][index]["values"]
-            for rank in present[1:]:
+        taking_part = [r for r in present if expected.per_rank[r] is not None]
+        if expected.synced and taking_part:
+            reference = records[taking_part[0]]["events"][index]["values"]
+            for rank in taking_part[1:]:
                 bad = compare_dicts(reference, records[rank]["events"][index]["values"], EXACT_ACROSS_RANKS)
                 count += 1
                 if bad:
@@ -115,9 +118,15 @@ def check_records(
 
     # 3. Errors: accepted only where the scenario allows them, on every rank, matching.
     raised = {r: e for r, e in errors.items() if e}
+    if scenario.expect == Expect.ERROR and len(raised) != scenario.world_size:
+        quiet = sorted(set(range(scenario.world_size)) - set(raised))
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter}: rank(s) {quiet} did not raise; every rank must raise an error "
+            f"matching {scenario.error_pattern!r} ({scenario.description or 'see the scenario'})\n  repro: {repro}"
+        )
     if raised:
         pattern = scenario.error_pattern
-        if scenario.expect != Expect.MATCH_OR_ERROR or len(raised) != scenario.world_size:
+        if scenario.expect not in (Expect.MATCH_OR_ERROR, Expect.ERROR) or len(raised) != scenario.world_size:
             first = next(iter(raised.values()))
             raise ConformanceError(f"[{scenario.id}] unexpected error on rank(s) {sorted(raised)}: {first['message']}")
         for r, e in raised.items():

@@ -32,6 +32,7 @@ class Capability(str, enum.Enum):
     HALF_PRECISION = "half_precision"
     CUDA = "cuda"
     ENGINE_ZERO_GRAD = "engine_zero_grad"  # the wrapper has its own zero_grad(set_to_none=...)
+    JOIN = "join"  # uneven inputs: the wrapper's join() context manager (torch's signature)
 
     def __str__(self) -> str:  # shows up in skip reasons
         return self.value
@@ -44,6 +45,9 @@ class Expect(str, enum.Enum):
     # The implementation may instead raise a clear error (the message must match
     # `Scenario.error_pattern`), but only on every rank and never after a wrong step.
     MATCH_OR_ERROR = "match-or-error"
+    # Every rank must raise an error matching `error_pattern` after the last comparison
+    # (e.g. join with throw_on_early_termination); not raising is a failure.
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,9 @@ class Scenario:
     # Rank-skewed timing: the last rank sleeps before "backward" or before the optimizer "step",
     # so collectives arrive out of lockstep. "" for none.
     skew: str = ""
+    # Production-training features the rank loop turns on (conformance.features): join,
+    # autocast, GradScaler, compile, clipping, requires_grad toggles, checkpoint round trip.
+    features: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.area not in AREAS:

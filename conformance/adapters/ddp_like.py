@@ -26,6 +26,7 @@ DDP_CAPABILITIES = frozenset(
         Capability.BUFFER_BROADCAST,
         Capability.HALF_PRECISION,
         Capability.ENGINE_ZERO_GRAD,
+        Capability.JOIN,
     }
 )
 
@@ -114,6 +115,8 @@ class DDPLikeAdapter:
     ):
         self.name, self.cls, self.version = name, cls, version
         self.capabilities = frozenset(getattr(cls, "gradparity_capabilities", capabilities))
+        if not callable(getattr(cls, "join", None)):  # uneven inputs need torch's join() API
+            self.capabilities -= {Capability.JOIN}
         self._comm_hooks = comm_hooks
 
     def unavailable(self, scenario) -> str | None:
@@ -167,4 +170,6 @@ def refimpl_ddp() -> DDPLikeAdapter:
             "bf16": comm_hooks.bf16_compress_hook,
         }
 
-    return DDPLikeAdapter("refimpl-ddp", DistributedDataParallel, version=refimpl.__version__, comm_hooks=hooks)
+    adapter = DDPLikeAdapter("refimpl-ddp", DistributedDataParallel, version=refimpl.__version__, comm_hooks=hooks)
+    adapter.deterministic = True  # same inputs, same collectives in the same order: bitwise the same
+    return adapter

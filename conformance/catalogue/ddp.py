@@ -180,4 +180,8 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         out.append(m("sweep-unused", "branches", w=w, options=FUF, model_kwargs={"mode": "unused-on-rank1"}, profiles=FULL))
         out.append(m("sweep-no-sync", "branches", w=w, options=FUF, micro_batches=3,
                      model_kwargs={"mode": "micro-flow"}, profiles=FULL))
+    if area == "ddp":  # production-training features (join, AMP, compile ...): their own module
+        from conformance.catalogue import ddp_features
+
+        out += ddp_features.scenarios()
     return out

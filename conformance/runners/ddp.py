@@ -26,6 +26,10 @@ SKEW_S = 0.25  # how long the last rank sleeps in rank-skewed scenarios (never j
 def run(payload, ctx) -> dict:
     scenario, adapter_spec = payload
     scenario: Scenario
+    if scenario.features:  # join, AMP, compile, checkpoints ...: their own loop
+        from conformance.runners import ddp_features
+
+        return ddp_features.run(payload, ctx)
     adapter = registry.load(adapter_spec)
     owns = owned(adapter)
     torch.manual_seed(scenario.seed)
@@ -135,6 +139,10 @@ def judge(scenario: Scenario, adapter_spec: str, outcome, where: str = ""):
         checked = contract.check_records(
             scenario, adapter_spec, baseline.compute(scenario, semantics), outcome.values, semantics=semantics,
         )
+        if scenario.features:
+            from conformance.runners.ddp_features import check_determinism
+
+            details["determinism"] = check_determinism(scenario, adapter_spec, outcome.values)
     except ConformanceError as exc:
         exc.details = details  # the report keeps what the ranks said even when they were wrong
         raise

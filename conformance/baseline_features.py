@@ -1,0 +1,103 @@
+"""The oracle for scenarios with production-training features (`conformance.features`).
+
+Same principle as `conformance.baseline`: one process replays every rank's shard with the
+same kernels the rank uses (one `autograd.grad` per shard, summed across ranks last), then
+applies what the feature does to the averaged gradients:
+
+- join: at each step only the ranks that still have a batch contribute; the average is
+  `sum_active grad / divisor` with the divisor the wrapper documents (initial world size,
+  or the number of active ranks). Ranks out of data expect nothing until the join ends;
+  then every rank must hold the oracle's final model (the last joiner's).
+  With `throw_on_early_termination`, the ranks train together until the first one runs out,
+  then every rank must raise.
+- autocast / GradScaler: each shard's forward runs under the same autocast; the loss is
+  scaled by the same scale; the recorded gradients are the scaled averages; `scaler.step`
+  and `update` run on the oracle's own scaler (an overflow on any rank skips the step on all).
+- clip: `clip_grad_norm_` on the averaged gradients (after unscaling, with a scaler).
+- freeze: the same requires_grad schedule; frozen parameters have no gradient.
+- checkpointed models run without checkpointing; compile and checkpoint round trips do not
+  change the expected values at all (training straight through, eagerly, is the reference).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.baseline import Baseline, Expected, _dense, _load_buffers
+from conformance.features import Features, apply_requires_grad, autocast, inputs, model_kwargs
+from conformance.fixtures.data import build_model, loss_fn, make_optimizer
+from conformance.spec import Scenario
+
+
+def compute(scenario: Scenario, semantics=None) -> Baseline:
+    """Torch DDP's semantics only: declared deviations are not modelled with these features."""
+    deviations = semantics.deviations() if semantics is not None else []
+    if deviations:
+        raise NotImplementedError(
+            f"scenario {scenario.id}: the production-training oracle models torch DDP's semantics only; "
+            f"this adapter declares {deviations}"
+        )
+    feats = Features.of(scenario)
+    W = scenario.world_size
+    torch.manual_seed(scenario.seed)
+    model = build_model(
+        scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=0,
+        dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
+    )
+    if feats.join and list(model.buffers()):
+        raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
+    optimizer = make_optimizer(scenario.optimizer, [p for p in model.parameters() if p.requires_grad])
+    device_type = torch.device(scenario.device).type
+    scaler = torch.amp.GradScaler(device_type, init_scale=feats.init_scale) if feats.grad_scaler else None
+    state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
+    buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
+    baseline = Baseline(scenario, state(), buffers(), [])
+
+    for step in range(feats.total_steps(scenario)):
+        apply_requires_grad(model, feats, step)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        active = feats.active(step) if feats.join else list(range(W))
+        divisor = feats.divisor(W, step)
+        start_buffers = buffers()
+        rank0_buffers, after_forward = start_buffers, {}
+        total: dict[str, torch.Tensor | None] = {n: None for n, _ in named}
+        for rank in active:
+            _load_buffers(model, start_buffers)
+            x = inputs(scenario, feats, rank=rank, step=step, micro=0, device=scenario.device)
+            with autocast(feats, scenario.device):
+                loss = loss_fn(model(x, rank=rank, micro=0))
+            if scaler is not None:
+                loss = scaler.scale(loss)
+            grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
+            for (name, _), g in zip(named, grads, strict=True):
+                if g is not None:
+                    share = _dense(g) / divisor
+                    total[name] = share if total[name] is None else total[name] + share
+            after_forward[rank] = buffers()
+            if rank == active[0]:
+                rank0_buffers = after_forward[rank]
+        _load_buffers(model, rank0_buffers)
+        per_rank = [total if r in active else None for r in range(W)]
+        baseline.events.append(Expected("backward", step, 0, True, per_rank))
+        if optimizer is not None:
+            for name, p in named:
+                p.grad = None if total[name] is None else total[name].clone()
+            if feats.clip is not None:
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, feats.clip)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        params_now = state()
+        baseline.events.append(Expected(
+            "step", step, 0, True, [params_now if r in active else None for r in range(W)],
+            buffers=[after_forward.get(r) for r in range(W)],
+        ))
+    if feats.join and not feats.throw_on_early_termination:
+        baseline.events.append(Expected("joined", feats.total_steps(scenario), 0, True, [state()] * W))
+    return baseline

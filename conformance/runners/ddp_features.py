@@ -1,0 +1,227 @@
+"""Rank side of DDP scenarios with production-training features (`conformance.features`).
+
+The loop is the plain DDP loop (`conformance.runners.ddp`) with what real training adds:
+the wrapper's `join()` around it, autocast and a GradScaler, torch.compile, gradient
+clipping, requires_grad toggles and a checkpoint round trip. It records the same events
+(construction, every backward, every step) plus, under join, placeholders for the steps a
+rank had no data for and a final "joined" event with the parameters every rank holds after
+the join. Nothing is judged here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import time
+import traceback
+
+import torch
+
+from conformance.adapters import registry
+from conformance.features import Features, apply_requires_grad, autocast, inputs, model_kwargs
+from conformance.fixtures.data import build_model, loss_fn, make_optimizer
+from conformance.spec import Expect, Scenario
+
+_COMPILED_PREFIX = "_orig_mod."
+
+
+class _Unprefixed:
+    """A wrapped model whose module went through torch.compile: names without `_orig_mod.`."""
+
+    def __init__(self, wrapped):
+        self._wrapped = wrapped
+
+    def __getattr__(self, name):
+        return getattr(self._wrapped, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._wrapped(*args, **kwargs)
+
+    @staticmethod
+    def _strip(d):
+        return {n.replace(_COMPILED_PREFIX, "", 1): v for n, v in d.items()}
+
+    def full_gradients(self):
+        return self._strip(self._wrapped.full_gradients())
+
+    def full_parameters(self):
+        return self._strip(self._wrapped.full_parameters())
+
+    def full_buffers(self):
+        return self._strip(self._wrapped.full_buffers())
+
+
+def _wrapper(wrapped, what: str):
+    """The DDP-like module behind an adapter's wrapped object (join, state_dict need it)."""
+    ddp = getattr(wrapped, "ddp", None)
+    if ddp is None:
+        raise RuntimeError(f"this adapter's wrapped model exposes no DDP-like module (.ddp), needed for {what}")
+    return ddp
+
+
+def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
+    model = build_model(
+        scenario.model, model_kwargs(scenario, feats, oracle=False), seed=seed, rank=ctx.rank,
+        dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
+    )
+    if feats.compile == "model":
+        model = torch.compile(model, backend=feats.compile_backend)
+    wrapped = adapter.wrap(model, ctx, scenario.options)
+    if feats.compile == "model":
+        wrapped = _Unprefixed(wrapped)
+    if feats.compile == "wrapper":
+        ddp = _wrapper(wrapped, "torch.compile around the wrapper")
+        wrapped.ddp = torch.compile(ddp, backend=feats.compile_backend)
+    return wrapped
+
+
+def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
+    """Save wrapper + optimizer (+ scaler), rebuild everything from scratch, load, go on."""
+    ddp = _wrapper(wrapped, "a checkpoint round trip")
+    state = ddp.state_dict()
+    want = ["module." + k for k in ddp.module.state_dict()]
+    if list(state) != want:
+        raise RuntimeError(
+            "state_dict keys differ from torch DDP's ('module.' + the module's keys): "
+            f"got {list(state)[:4]}..., expected {want[:4]}..."
+        )
+    buf = io.BytesIO()
+    torch.save({"model": state, "optimizer": optimizer.state_dict() if optimizer else None,
+                "scaler": scaler.state_dict() if scaler else None}, buf)
+    del wrapped, optimizer, ddp, state
+    buf.seek(0)
+    checkpoint = torch.load(buf, weights_only=True)
+    # A different seed: nothing of the first model survives except through the checkpoint.
+    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1)
+    _wrapper(wrapped, "a checkpoint round trip").load_state_dict(checkpoint["model"])
+    optimizer = make_optimizer(scenario.optimizer, wrapped.optimizer_parameters())
+    if optimizer is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    if scaler is not None:
+        scaler.load_state_dict(checkpoint["scaler"])
+    return wrapped, optimizer
+
+
+def _module(wrapped):
+    module = getattr(wrapped, "module", None)
+    if module is None:
+        raise RuntimeError("this adapter's wrapped model exposes no .module, needed to toggle requires_grad")
+    return module
+
+
+def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
+    torch.manual_seed(scenario.seed)
+    record: dict = {"events": [], "error": None, "seconds": {}}
+    t0 = time.perf_counter()
+    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed)
+    record["seconds"]["wrap"] = time.perf_counter() - t0
+    record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
+    optimizer = make_optimizer(scenario.optimizer, wrapped.optimizer_parameters())
+    scaler = torch.amp.GradScaler(ctx.device.type, init_scale=feats.init_scale) if feats.grad_scaler else None
+    joining = contextlib.nullcontext()
+    if feats.join:
+        joining = _wrapper(wrapped, "join").join(
+            divide_by_initial_world_size=feats.divide_by_initial_world_size,
+            throw_on_early_termination=feats.throw_on_early_termination,
+        )
+    own_steps = feats.steps(scenario, ctx.rank)
+    step = 0
+    t0 = time.perf_counter()
+    try:
+        with joining:
+            for step in range(own_steps):
+                if feats.save_load_at == step and step > 0:
+                    wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler)
+                if feats.freeze:
+                    apply_requires_grad(_module(wrapped), feats, step)
+                x = inputs(scenario, feats, rank=ctx.rank, step=step, micro=0, device=ctx.device)
+                with autocast(feats, ctx.device):
+                    loss = loss_fn(wrapped(x, rank=ctx.rank, micro=0))
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+                record["events"].append(
+                    {"kind": "backward", "step": step, "micro": 0, "synced": True, "values": wrapped.full_gradients()}
+                )
+                if optimizer is not None:
+                    _step(feats, optimizer, scaler, wrapped)
+                record["events"].append(
+                    {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
+                )
+    except Exception as exc:
+        accepted = scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and re.search(scenario.error_pattern, str(exc))
+        if not accepted:
+            raise
+        record["error"] = {"type": type(exc).__name__, "message": str(exc), "step": step, "micro": 0,
+                           "traceback": traceback.format_exc()}
+    if feats.join and record["error"] is None:
+        total = feats.total_steps(scenario)
+        for s in range(own_steps, total):  # steps this rank had no batch for: nothing to compare
+            record["events"].append({"kind": "backward", "step": s, "micro": 0, "synced": True, "values": None})
+            record["events"].append({"kind": "step", "step": s, "values": None, "buffers": None})
+        record["events"].append({"kind": "joined", "step": total, "values": wrapped.full_parameters(),
+                                 "buffers": wrapped.full_buffers()})
+    record["seconds"]["train"] = time.perf_counter() - t0
+    stats = getattr(wrapped, "backward_stats", None)
+    record["backward_stats"] = stats() if callable(stats) else None
+    return record
+
+
+def _step(feats: Features, optimizer, scaler, wrapped) -> None:
+    if feats.clip is not None:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, feats.clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _first_difference(a: dict, b: dict) -> str | None:
+    """Where two runs' records first differ bitwise (None when identical)."""
+    for i, (x, y) in enumerate(zip(a["events"], b["events"], strict=False)):
+        xv, yv = x.get("values") or {}, y.get("values") or {}
+        for name in xv:
+            s, t = xv[name], yv.get(name)
+            if (s is None) != (t is None) or s is not None and not (
+                torch.equal(s, t) or torch.equal(s.nan_to_num(), t.nan_to_num())
+            ):
+                return f"event {i} ({x['kind']} of step {x['step']}), {name}"
+    if len(a["events"]) != len(b["events"]):
+        return f"{len(a['events'])} vs {len(b['events'])} events"
+    return None
+
+
+def run(payload, ctx) -> dict:
+    scenario, adapter_spec = payload
+    feats = Features.of(scenario)
+    adapter = registry.load(adapter_spec)
+    first = train(scenario, feats, adapter, ctx)
+    if feats.repeat > 1:
+        diffs = [_first_difference(first, train(scenario, feats, adapter, ctx)) for _ in range(feats.repeat - 1)]
+        first["determinism"] = {"runs": feats.repeat, "identical": not any(diffs),
+                                "first_difference": next((d for d in diffs if d), None)}
+    return first
+
+
+def check_determinism(scenario: Scenario, adapter_spec: str, values: dict) -> dict | None:
+    """Coordinator side: the determinism verdict per rank (for the report), or None.
+
+    Raises only when runs differed and the adapter declares `deterministic = True`.
+    """
+    per_rank = {r: v.get("determinism") for r, v in values.items() if isinstance(v, dict) and v.get("determinism")}
+    if not per_rank:
+        return None
+    differing = {r: d["first_difference"] for r, d in per_rank.items() if not d["identical"]}
+    if differing and getattr(registry.load(adapter_spec), "deterministic", False):
+        from conformance.compare import ConformanceError
+
+        r, where = next(iter(differing.items()))
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec} declares deterministic = True, but two runs of the same "
+            f"scenario differ bitwise on rank {r} at {where}"
+        )
+    return {"identical": not differing, "per_rank": per_rank}
