@@ -24,8 +24,15 @@ from __future__ import annotations
 import torch
 
 from conformance.baseline import Baseline, Expected, _dense, _load_buffers
-from conformance.features import Features, apply_requires_grad, autocast, inputs, model_kwargs
-from conformance.fixtures.data import build_model, loss_fn, make_optimizer
+from conformance.features import (
+    Features,
+    apply_requires_grad,
+    autocast,
+    inputs,
+    model_kwargs,
+    optimizer,
+)
+from conformance.fixtures.data import build_model, loss_fn
 from conformance.spec import Scenario
 
 
@@ -46,7 +53,7 @@ def compute(scenario: Scenario, semantics=None) -> Baseline:
     )
     if feats.join and list(model.buffers()):
         raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
-    optimizer = make_optimizer(scenario.optimizer, [p for p in model.parameters() if p.requires_grad])
+    opt = optimizer(scenario, feats, [p for p in model.parameters() if p.requires_grad])
     device_type = torch.device(scenario.device).type
     scaler = torch.amp.GradScaler(device_type, init_scale=feats.init_scale) if feats.grad_scaler else None
     state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
@@ -80,19 +87,19 @@ def compute(scenario: Scenario, semantics=None) -> Baseline:
         _load_buffers(model, rank0_buffers)
         per_rank = [total if r in active else None for r in range(W)]
         baseline.events.append(Expected("backward", step, 0, True, per_rank))
-        if optimizer is not None:
+        if opt is not None:
             for name, p in named:
                 p.grad = None if total[name] is None else total[name].clone()
             if feats.clip is not None:
                 if scaler is not None:
-                    scaler.unscale_(optimizer)
+                    scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(params, feats.clip)
             if scaler is not None:
-                scaler.step(optimizer)
+                scaler.step(opt)
                 scaler.update()
             else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                opt.step()
+            opt.zero_grad(set_to_none=True)
         params_now = state()
         baseline.events.append(Expected(
             "step", step, 0, True, [params_now if r in active else None for r in range(W)],

@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from conformance.fixtures.data import DTYPES, make_inputs
+from conformance.fixtures.data import DTYPES, make_inputs, make_optimizer
 from conformance.spec import Scenario
 
 
@@ -56,6 +56,9 @@ class Features:
     freeze: tuple[tuple[int, str, bool], ...] = ()
     save_load_at: int | None = None
     repeat: int = 1
+    # A small dyadic learning rate: 5+ steps on small-integer data stay finite (the base
+    # catalogue's 2**-4 diverges to inf/nan by step 4 here, which would hide wrong values).
+    lr: float = 2.0**-10
 
     @classmethod
     def of(cls, scenario: Scenario) -> Features:
@@ -119,6 +122,15 @@ def apply_requires_grad(module: torch.nn.Module, feats: Features, step: int) -> 
             raise ValueError(f"freeze schedule: no parameter named {prefix}*")
         for p in hits:
             p.requires_grad_(flag)
+
+
+def optimizer(scenario: Scenario, feats: Features, params):
+    """The scenario's optimizer at the features' learning rate (ranks and oracle alike)."""
+    opt = make_optimizer(scenario.optimizer, params)
+    if opt is not None:
+        for group in opt.param_groups:
+            group["lr"] = feats.lr
+    return opt
 
 
 def model_kwargs(scenario: Scenario, feats: Features, *, oracle: bool) -> dict:

@@ -20,7 +20,8 @@ import torch
 
 from conformance.adapters import registry
 from conformance.features import Features, apply_requires_grad, autocast, inputs, model_kwargs
-from conformance.fixtures.data import build_model, loss_fn, make_optimizer
+from conformance.features import optimizer as make_optimizer
+from conformance.fixtures.data import build_model, loss_fn
 from conformance.spec import Expect, Scenario
 
 _COMPILED_PREFIX = "_orig_mod."
@@ -95,7 +96,7 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
     # A different seed: nothing of the first model survives except through the checkpoint.
     wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1)
     _wrapper(wrapped, "a checkpoint round trip").load_state_dict(checkpoint["model"])
-    optimizer = make_optimizer(scenario.optimizer, wrapped.optimizer_parameters())
+    optimizer = make_optimizer(scenario, feats, wrapped.optimizer_parameters())
     if optimizer is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
     if scaler is not None:
@@ -117,7 +118,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed)
     record["seconds"]["wrap"] = time.perf_counter() - t0
     record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
-    optimizer = make_optimizer(scenario.optimizer, wrapped.optimizer_parameters())
+    optimizer = make_optimizer(scenario, feats, wrapped.optimizer_parameters())
     scaler = torch.amp.GradScaler(ctx.device.type, init_scale=feats.init_scale) if feats.grad_scaler else None
     joining = contextlib.nullcontext()
     if feats.join:
@@ -126,12 +127,13 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
             throw_on_early_termination=feats.throw_on_early_termination,
         )
     own_steps = feats.steps(scenario, ctx.rank)
-    step = 0
+    step = fired_before = 0
     t0 = time.perf_counter()
     try:
         with joining:
             for step in range(own_steps):
                 if feats.save_load_at == step and step > 0:
+                    fired_before += _fired(wrapped)
                     wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler)
                 if feats.freeze:
                     apply_requires_grad(_module(wrapped), feats, step)
@@ -147,12 +149,11 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                 record["events"].append(
                     {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
                 )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - recorded; the contract fails any error the scenario does not accept
+        # Recorded rather than raised, so the record (and a mutant's fired count) comes back.
         accepted = scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and re.search(scenario.error_pattern, str(exc))
-        if not accepted:
-            raise
         record["error"] = {"type": type(exc).__name__, "message": str(exc), "step": step, "micro": 0,
-                           "traceback": traceback.format_exc()}
+                           "traceback": traceback.format_exc(), "accepted": bool(accepted)}
     if feats.join and record["error"] is None:
         total = feats.total_steps(scenario)
         for s in range(own_steps, total):  # steps this rank had no batch for: nothing to compare
@@ -163,7 +164,15 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     record["seconds"]["train"] = time.perf_counter() - t0
     stats = getattr(wrapped, "backward_stats", None)
     record["backward_stats"] = stats() if callable(stats) else None
+    if fired_before and isinstance(record["backward_stats"], dict):  # the wrapper before a round trip
+        record["backward_stats"]["mutation_fired"] = record["backward_stats"].get("mutation_fired", 0) + fired_before
     return record
+
+
+def _fired(wrapped) -> int:
+    stats = getattr(wrapped, "backward_stats", None)
+    data = stats() if callable(stats) else None
+    return data.get("mutation_fired", 0) if isinstance(data, dict) else 0
 
 
 def _step(feats: Features, optimizer, scaler, wrapped) -> None:
