@@ -36,6 +36,11 @@ EXPECTED_CATCHER = {
     "zero-grad-keeps-gradients": "ddp/zero-grad-engine/mlp/w2/fp32",
     "sum-after-warmup": "ddp/long/mlp/w2/fp32",
     "reads-before-wait": "ddp/skew-backward/mlp/w2/fp32",
+    "join-replays-gradient": "ddp/join-uneven/mlp/w2/fp32",
+    "non-finite-zeroed": "ddp/autocast-bf16-scaler/mlp/w2/fp32",
+    "finalize-on-first-hook": "ddp/ckpt-reentrant-static/ckpt-mlp/w2/fp32",
+    "zero-fills-unused": "ddp/requires-grad-toggle/mlp/w2/fp32",
+    "state-dict-without-prefix": "ddp/checkpoint-round-trip/mlp/w2/fp32",
 }
 
 
