@@ -11,18 +11,39 @@ import sys
 
 from conformance import catalogue
 from conformance.adapters import registry
+from conformance.validation import (
+    UsageError,
+    check_expectations_file,
+    check_report_dir,
+    check_world_sizes,
+)
 
 DEFAULT_REPORT_DIR = "gradparity-reports"
 
 
-class UsageError(Exception):
-    pass
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments get one line (not the usage block) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"gradparity: error: {message} (see `{self.prog} --help`)\n")
+
+
+EPILOG = """\
+--ddp-class capabilities: a scenario needing a capability the class lacks is skipped with the
+capability named. Detected: no_sync (method no_sync), comm_hook (method register_comm_hook),
+bucket_cap_mb / gradient_as_bucket_view / static_graph / broadcast_buffers (constructor
+keywords). Opt out explicitly with a class attribute, e.g.
+    gradparity_capabilities = frozenset({Capability.NO_SYNC})   # from conformance.spec
+Exit status: 0 conformant, 1 a failure or an infrastructure error, 2 bad input (one line,
+before any process starts)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gradparity", description="Prove a data-parallel implementation trains like one process.")
+    p = OneLineParser(prog="gradparity", description="Prove a data-parallel implementation trains like one process.",
+                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="run the conformance suite (default: quick profile, built-in adapters, CPU/gloo)")
+    run = sub.add_parser("run", help="run the conformance suite (default: quick profile, built-in adapters, CPU/gloo)",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--adapter", action="append", default=[], help="adapter name or pkg.module:factory (repeatable)")
     run.add_argument("--ddp-class", action="append", default=[], help="pkg.module:Class following torch DDP's constructor")
     run.add_argument("--profile", default="quick", choices=catalogue.PROFILES)
@@ -48,15 +69,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(args) -> list[str]:
+    """Every check that can refuse bad input does so here, before pytest or any rank starts."""
     specs = list(args.adapter) + [registry.ddp_class_spec(ref) for ref in args.ddp_class]
-    for spec in specs:
+    adapters = {}
+    for spec in specs or registry.DEFAULT_ADAPTERS:
         try:
-            registry.load(spec)
+            adapters[spec] = registry.load(spec)
         except registry.AdapterError as exc:
             raise UsageError(str(exc)) from None
-    for w in args.world_size:
-        if not 1 <= w <= 64:
-            raise UsageError(f"impossible world size {w}; use 1..64 (the catalogue has 1, 2, 3 and 4)")
     if args.device == "cuda":
         import torch
 
@@ -67,6 +87,10 @@ def _validate(args) -> list[str]:
         unknown = [s for s in args.scenario if s.removesuffix("/cuda") not in known]
         if unknown:
             raise UsageError(f"unknown scenario {unknown[0]!r}; see `gradparity list`")
+    check_world_sizes(args.profile, args.world_size, adapters, args.device, ids=args.scenario)
+    for path in args.xfails + args.skips:
+        check_expectations_file(path)
+    check_report_dir(args.report_dir)
     return specs
 
 
@@ -98,14 +122,10 @@ def pytest_args(args, specs: list[str]) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    import os
 
     import pytest
 
     specs = _validate(args)
-    for path in args.xfails + args.skips:
-        if not os.path.exists(path):
-            raise UsageError(f"expectations file {path!r} does not exist")
     code = pytest.main(pytest_args(args, specs))
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         print("gradparity: no scenario matched the selection; see `gradparity list`", file=sys.stderr)

@@ -19,6 +19,13 @@ from conformance.adapters.protocol import missing_capabilities
 from conformance.expectations import builtin_xfails, read_expectations
 from conformance.failure import FailureClass, classify_exception
 from conformance.report.record import CASE_SEPARATOR, case_id, case_record
+from conformance.validation import (
+    UsageError,
+    check_expectations_file,
+    check_profile,
+    check_report_dir,
+    check_world_sizes,
+)
 
 
 def pytest_addoption(parser):
@@ -77,27 +84,30 @@ def _usage_error(message: str):
 
 def pytest_configure(config):
     specs = _adapter_specs(config)
-    if config.getoption("profile") not in catalogue.PROFILES:
-        _usage_error(f"unknown profile {config.getoption('profile')!r}; choose one of {', '.join(catalogue.PROFILES)}")
-    bad_sizes = [w for w in config.getoption("world_size") if not 1 <= w <= 64]
-    if bad_sizes:
-        _usage_error(f"impossible world size {bad_sizes[0]}; use 1..64 (the catalogue has 1, 2, 3 and 4)")
-    device = config.getoption("device")
-    if device not in ("cpu", "cuda"):
-        _usage_error(f"unknown device {device!r}; use cpu or cuda")
-    if device == "cuda":
-        import torch
+    try:
+        check_profile(config.getoption("profile"))
+        device = config.getoption("device")
+        if device not in ("cpu", "cuda"):
+            raise UsageError(f"unknown device {device!r}; use cpu or cuda")
+        if device == "cuda":
+            import torch
 
-        if not torch.cuda.is_available():
-            _usage_error("--device cuda but torch.cuda.is_available() is False; run on a GPU machine or use --device cpu")
-    for spec in specs:
-        try:
-            registry.load(spec)
-        except registry.AdapterError as exc:
-            _usage_error(str(exc))
-    for path in config.getoption("xfails") + config.getoption("skips"):
-        if not os.path.exists(path):
-            _usage_error(f"expectations file {path!r} does not exist")
+            if not torch.cuda.is_available():
+                raise UsageError("--device cuda but torch.cuda.is_available() is False; run on a GPU machine or use --device cpu")
+        adapters = {}
+        for spec in specs:
+            try:
+                adapters[spec] = registry.load(spec)
+            except registry.AdapterError as exc:
+                raise UsageError(str(exc)) from None
+        check_world_sizes(config.getoption("profile"), config.getoption("world_size"), adapters, device,
+                          ids=config.getoption("scenario"))
+        for path in config.getoption("xfails") + config.getoption("skips"):
+            check_expectations_file(path)
+        if config.getoption("gradparity_report_dir") and not hasattr(config, "workerinput"):
+            check_report_dir(config.getoption("gradparity_report_dir"))
+    except UsageError as exc:
+        _usage_error(str(exc))
     config._gradparity = Session(config, specs, config.getoption("timeout_scale"))
     config.pluginmanager.register(config._gradparity, "gradparity-session")
 

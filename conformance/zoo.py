@@ -435,6 +435,9 @@ def cmd_zoo(args) -> int:
         raise UsageError(f"unknown {args.area} mutant {unknown[0]!r}; known: {', '.join(area_zoo.mutants)}")
     for spec in args.control:
         registry.load(spec)  # a bad control name is a usage error (AdapterError), before any process
+    from conformance.validation import check_report_dir
+
+    check_report_dir(args.report_dir)
     code, _ = zoo(args.profile, area=args.area, report_dir=args.report_dir, workers=args.workers,
                   timeout_scale=args.timeout_scale, mutants=args.mutant or None, controls=args.control or None)
     return code

@@ -114,9 +114,11 @@ class DDPLikeAdapter:
         comm_hooks: Callable[[], dict[str, Callable]] = torch_comm_hooks,
     ):
         self.name, self.cls, self.version = name, cls, version
-        self.capabilities = frozenset(getattr(cls, "gradparity_capabilities", capabilities))
-        if not callable(getattr(cls, "join", None)):  # uneven inputs need torch's join() API
-            self.capabilities -= {Capability.JOIN}
+        declared = getattr(cls, "gradparity_capabilities", None)
+        # A class that declares its capabilities is taken at its word; otherwise a capability
+        # whose method or constructor keyword the class lacks is dropped, so its scenarios are
+        # skipped with the capability named instead of failing.
+        self.capabilities = frozenset(declared) if declared is not None else capabilities - missing_capabilities_of(cls)
         self._comm_hooks = comm_hooks
 
     def unavailable(self, scenario) -> str | None:
@@ -151,6 +153,52 @@ class DDPLikeAdapter:
                 raise ValueError(f"{self.name}: no comm hook named {options.comm_hook!r}; known: {sorted(hooks)}")
             ddp.register_comm_hook(ctx.group, hooks[options.comm_hook])
         return DDPLikeWrapped(ddp)
+
+
+# What a capability needs from a DDP-like class: a method, or a constructor keyword.
+CAPABILITY_METHODS = {Capability.NO_SYNC: "no_sync", Capability.COMM_HOOK: "register_comm_hook",
+                      Capability.JOIN: "join"}  # uneven inputs need torch's join() API
+CAPABILITY_KEYWORDS = {
+    Capability.BUCKET_CAP: "bucket_cap_mb", Capability.GRAD_AS_BUCKET_VIEW: "gradient_as_bucket_view",
+    Capability.STATIC_GRAPH: "static_graph", Capability.BUFFER_BROADCAST: "broadcast_buffers",
+}
+REQUIRED_KEYWORDS = ("process_group", "find_unused_parameters")  # DDPLikeAdapter.wrap always passes these
+
+
+def _signature(cls: type):
+    import inspect
+
+    try:
+        return inspect.signature(cls)
+    except (TypeError, ValueError):  # a C extension without a signature: nothing to check
+        return None
+
+
+def missing_capabilities_of(cls: type) -> frozenset[Capability]:
+    """Capabilities a DDP-like class cannot offer: a missing method or constructor keyword."""
+    missing = {cap for cap, method in CAPABILITY_METHODS.items() if not callable(getattr(cls, method, None))}
+    sig = _signature(cls)
+    if sig is not None and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        missing |= {cap for cap, kw in CAPABILITY_KEYWORDS.items() if kw not in sig.parameters}
+    return frozenset(missing)
+
+
+def constructor_problem(cls: type) -> str | None:
+    """Why `cls(module, process_group=..., find_unused_parameters=...)` cannot work, or None.
+
+    Checked on the signature, before any process starts: a class that is not DDP-like (say
+    `torch.nn:Linear`) would otherwise fail every scenario the same way.
+    """
+    if not isinstance(cls, type):
+        return "it is not a class"
+    sig = _signature(cls)
+    if sig is None:
+        return None
+    try:
+        sig.bind(object(), **{kw: None for kw in REQUIRED_KEYWORDS})
+    except TypeError as exc:
+        return f"{cls.__name__}{sig} cannot be called like torch DDP, cls(module, process_group=..., find_unused_parameters=...): {exc}"
+    return None
 
 
 def torch_ddp() -> DDPLikeAdapter:

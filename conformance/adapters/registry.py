@@ -78,6 +78,11 @@ def load(spec: str):
         cls = _import(ref, "--ddp-class")
         if not isinstance(cls, type):
             raise AdapterError(f"--ddp-class {ref!r} is not a class")
+        from conformance.adapters.ddp_like import constructor_problem
+
+        problem = constructor_problem(cls)
+        if problem:
+            raise AdapterError(f"--ddp-class {ref!r} is not DDP-like: {problem}; pass a class with torch DDP's constructor, or an adapter (--adapter)")
         module = importlib.import_module(cls.__module__.split(".")[0])
         version = getattr(cls, "__version__", getattr(module, "__version__", "unknown"))
         return DDPLikeAdapter(getattr(cls, "gradparity_name", cls.__name__), cls, version=str(version))

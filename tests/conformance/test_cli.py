@@ -38,9 +38,17 @@ def env(pytester, monkeypatch):
         (["run", "--world-size", "0"], "impossible world size 0"),
         (["run", "--scenario", "ddp/none/such"], "unknown scenario"),
         (["run", "--xfails", "missing.txt"], "does not exist"),
+        (["run", "--xfails", "binary.txt"], "is not a text file (byte 3 is NUL)"),
+        (["run", "--ddp-class", "torch.nn:Linear"], "'torch.nn:Linear' is not DDP-like"),
+        (["run", "--report-dir", "/proc/gradparity/x"], "cannot write reports to '/proc/gradparity/x'"),
+        (["run", "--profile", "bogus"], "invalid choice: 'bogus'"),
+        (["run", "--adapter", "torch-ddp", "--world-size", "3"], "profile quick has no ddp scenario at world size 3 for adapter torch-ddp; --profile standard has"),
+        (["zoo", "--profile", "bogus"], "invalid choice: 'bogus'"),
+        (["zoo", "--report-dir", "/proc/gradparity/x"], "cannot write reports to '/proc/gradparity/x'"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(env, args, needle):
+    (env.path / "binary.txt").write_bytes(b"abc\0\xff\n")
     result = env.run("gradparity", *args)
     assert result.ret == 2
     err = [line for line in result.errlines if line.strip()]
