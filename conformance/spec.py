@@ -62,10 +62,15 @@ class Tolerance:
     rtol: float = 0.0
     atol: float = 0.0
     reason: str = "exact: small-integer data, power-of-two world size"
+    # A bound on the whole tensor instead of element-wise (lossy communication, e.g. PowerSGD):
+    # ||actual - expected|| <= norm_rtol * ||expected|| + atol * sqrt(numel).
+    norm_rtol: float | None = None
 
     def describe(self) -> str:
         if self.exact:
             return "bitwise"
+        if self.norm_rtol is not None:
+            return f"||error|| <= {self.norm_rtol:g}*||expected|| + {self.atol:g}*sqrt(n)"
         return f"rtol={self.rtol:g} atol={self.atol:g}"
 
 

@@ -115,3 +115,29 @@ def test_alternating_set_to_none_leaves_never_used_parameters_none():
     plain = baseline.compute(s.with_(zero_grad="optimizer", id=s.id + "-plain"))
     for e, p in zip(synced, [e for e in plain.events if e.kind == "backward"], strict=True):
         assert all(torch.equal(e.per_rank[0][n], p.per_rank[0][n]) for n in used)
+
+
+def test_a_lossy_bound_is_a_whole_tensor_relative_l2_bound():
+    from conformance.compare import compare_tensor
+
+    bound = Tolerance(False, norm_rtol=1.0, reason="projection")
+    g = torch.tensor([[3.0, 0.0], [0.0, 4.0]])  # ||g|| = 5
+    assert compare_tensor("w", g, torch.zeros(2, 2), bound) is None  # error 5 == bound
+    assert compare_tensor("w", g, g + 0.5, bound) is None
+    far = compare_tensor("w", g, -g, bound)  # a sign flip: error 10 > 5
+    assert far is not None and "exceeds the bound" in far.problem
+    assert compare_tensor("w", g, torch.full((2, 2), float("nan")), bound) is not None
+
+
+def test_a_declared_lossy_bound_replaces_the_tolerance_but_ranks_stay_bitwise():
+    s = _scenario("plain", "mlp", steps=1)
+    lossy = Semantics(lossy=Tolerance(False, norm_rtol=1.0, reason="projection"))
+    b = baseline.compute(s, lossy)
+    records = _records(b)
+    grads = records[1]["events"][0]["values"]
+    records[1]["events"][0]["values"] = {n: g * 1.01 for n, g in grads.items()}  # within the bound ...
+    with pytest.raises(ConformanceError, match="not bitwise identical to rank 0"):  # ... but ranks differ
+        check_records(s, "meta", b, records, semantics=lossy)
+    for r in records.values():
+        r["events"][0]["values"] = {n: g * 1.01 for n, g in grads.items()}
+    check_records(s, "meta", b, records, semantics=lossy)
