@@ -68,6 +68,13 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
     )
     if feats.compile == "model":
         model = torch.compile(model, backend=feats.compile_backend)
+    from conformance.adapters.protocol import owned
+
+    if owned(adapter):  # this loop steps its own optimizer: running it here would test something else
+        raise NotImplementedError(
+            f"{adapter.name} owns {sorted(owned(adapter))} (protocol v2): the production-training loop does not "
+            "drive engine-owned optimizers/backward; skip these scenarios in the adapter's unavailable()"
+        )
     wrapped = adapter.wrap(model, ctx, scenario.options)
     if feats.compile == "model":
         wrapped = _Unprefixed(wrapped)

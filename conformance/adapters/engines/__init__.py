@@ -24,3 +24,11 @@ def probe(module: str, distribution: str, install: str) -> tuple[str, str | None
         return version(distribution), None
     except PackageNotFoundError:
         return "unknown", None
+
+
+def production_features(scenario) -> str | None:
+    """Why an engine adapter skips the production-training scenarios (join, AMP, compile ...)."""
+    if getattr(scenario, "features", None):
+        return ("the production-training scenarios' loop and oracle (runners/ddp_features.py, baseline_features.py) "
+                "model torch DDP's semantics with a user-owned optimizer only (no declared semantics, no protocol v2)")
+    return None

@@ -24,7 +24,7 @@ import os
 
 from torch import Tensor, nn
 
-from conformance.adapters.engines import probe
+from conformance.adapters.engines import probe, production_features
 from conformance.adapters.protocol import OptimizerSpec
 from conformance.spec import Capability as C
 
@@ -101,6 +101,8 @@ class DeepSpeedAdapter:
             return self._why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
+        if production_features(scenario):
+            return production_features(scenario)
         return None
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedWrapped:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from conformance.adapters.engines import probe
+from conformance.adapters.engines import probe, production_features
 from conformance.adapters.protocol import OptimizerSpec
 from conformance.spec import Capability as C
 
@@ -84,6 +84,8 @@ class FairScaleSDPAdapter:
             return self._why
         if scenario.optimizer == "none":
             return "OSS needs an optimizer"
+        if production_features(scenario):
+            return production_features(scenario)
         return None
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> FairScaleSDPWrapped:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from conformance.adapters.ddp_like import DDP_CAPABILITIES, DDPLikeAdapter, DDPLikeWrapped
+from conformance.adapters.engines import production_features
 from conformance.semantics import Semantics
 from conformance.spec import Capability as C
 from conformance.spec import Tolerance
@@ -46,9 +47,11 @@ class PowerSGDAdapter(DDPLikeAdapter):
         from torch.nn.parallel import DistributedDataParallel
 
         super().__init__("torch-ddp-powersgd", DistributedDataParallel, version=torch.__version__,
-                         capabilities=DDP_CAPABILITIES - {C.COMM_HOOK, C.SPARSE})
+                         capabilities=DDP_CAPABILITIES - {C.COMM_HOOK, C.SPARSE, C.JOIN})
 
     def unavailable(self, scenario) -> str | None:
+        if production_features(scenario):
+            return production_features(scenario)
         if scenario.dtype in ("float16", "bfloat16", "float64"):
             return "the declared bound is stated for fp32 gradients only"
         if scenario.optimizer == "adam" and scenario.model == "transformer" and scenario.steps > START_ITER:

@@ -13,6 +13,7 @@ import contextlib
 import torch
 
 from conformance.adapters.ddp_like import DDP_CAPABILITIES, DDPLikeWrapped
+from conformance.adapters.engines import production_features
 from conformance.semantics import ConstructionSync, Semantics
 from conformance.spec import Capability as C
 
@@ -41,11 +42,14 @@ class ReplicateWrapped(DDPLikeWrapped):
 
 class ReplicateAdapter:
     name, area = "torch-replicate", "ddp"
-    capabilities = DDP_CAPABILITIES - {C.COMM_HOOK, C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH}
+    capabilities = DDP_CAPABILITIES - {C.COMM_HOOK, C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH, C.JOIN}
     semantics = SEMANTICS
 
     def __init__(self):
         self.version = torch.__version__
+
+    def unavailable(self, scenario) -> str | None:
+        return production_features(scenario)
 
     def wrap(self, module, ctx, options, optimizer=None) -> ReplicateWrapped:
         from torch.distributed._composable.replicate import replicate

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from conformance.adapters.ddp_like import DDPLikeAdapter, DDPLikeWrapped
+from conformance.adapters.engines import production_features
 from conformance.adapters.protocol import OptimizerSpec
 
 
@@ -20,6 +21,9 @@ class TorchZeroAdapter(DDPLikeAdapter):
         from torch.nn.parallel import DistributedDataParallel
 
         super().__init__("torch-zero", DistributedDataParallel, version=torch.__version__)
+
+    def unavailable(self, scenario) -> str | None:
+        return production_features(scenario) or super().unavailable(scenario)
 
     def wrap(self, module, ctx, options, optimizer: OptimizerSpec | None = None) -> DDPLikeWrapped:
         from torch.distributed.optim import ZeroRedundancyOptimizer
