@@ -49,3 +49,12 @@ def leave_pending(payload, ctx):
     if ctx.rank == 0:
         dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group, async_op=True)
     return ctx.rank
+
+
+def rpc_echo(payload, ctx):
+    """Start torch.distributed.rpc (TensorPipe) and call the next rank: opens RPC's listeners."""
+    from torch.distributed import rpc
+
+    ctx.ensure_rpc()
+    peer = f"worker{(ctx.rank + 1) % ctx.world_size}"
+    return rpc.rpc_sync(peer, max, args=(ctx.rank, payload))
