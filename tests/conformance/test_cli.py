@@ -47,18 +47,34 @@ def env(pytester, monkeypatch):
         (["zoo", "--report-dir", "/proc/gradparity/x"], "cannot write reports to '/proc/gradparity/x'"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(env, args, needle):
+def test_bad_input_exits_2_with_one_line(env, capsys, args, needle):
+    """In-process (the unit tier stays fast); the next test runs the real command once."""
+    from conformance.cli import main
+
     (env.path / "binary.txt").write_bytes(b"abc\0\xff\n")
-    result = env.run("gradparity", *args)
+    env.syspathinsert()
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_the_real_command_refuses_bad_input_with_one_line(env):
+    result = env.run("gradparity", "run", "--ddp-class", "torch.nn:Linear")
     assert result.ret == 2
     err = [line for line in result.errlines if line.strip()]
-    assert len(err) == 1 and needle in err[0], result.errlines
+    assert len(err) == 1 and "'torch.nn:Linear' is not DDP-like" in err[0], result.errlines
 
 
-def test_list_shows_scenarios_and_adapters(env):
-    result = env.run("gradparity", "list", "--profile", "quick")
-    assert result.ret == 0
-    out = result.stdout.str()
+def test_list_shows_scenarios_and_adapters(capsys):
+    from conformance.cli import main
+
+    assert main(["list", "--profile", "quick"]) == 0
+    out = capsys.readouterr().out
     assert "ddp/plain/mlp/w2/fp32" in out and "torch-ddp" in out
 
 

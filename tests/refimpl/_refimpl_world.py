@@ -1,14 +1,16 @@
-"""Spawn a gloo world on 127.0.0.1 and run one function on every rank (test helper).
+"""Spawn a gloo world on loopback and run one function on every rank (test helper).
 
-The parent process owns the TCPStore (port 0: the OS picks a free port, safe under
-pytest-xdist), every wait has a timeout, and a rank's exception fails the test with its
-traceback.
+The ranks rendezvous through a FileStore in a private temp dir (no port to race for under
+pytest-xdist, no socket another host could reach) and gloo is pinned to the loopback
+interface (see conformance/harness/network.py); every wait has a timeout, a rank's exception
+fails the test with its traceback, and the temp dir is removed afterwards.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import tempfile
 import time
 from datetime import timedelta
@@ -19,11 +21,14 @@ import torch.multiprocessing as mp
 TIMEOUT = timedelta(seconds=60)
 
 
-def _entry(rank, fn, world_size, port, out_dir, args):
+def _entry(rank, fn, world_size, store_path, out_dir, args):
     import torch
 
+    from conformance.harness.network import pin_to_loopback
+
+    pin_to_loopback()
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=TIMEOUT)
+    store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
     try:
         result = fn(rank, world_size, *args)
@@ -41,9 +46,16 @@ def run_world(fn, world_size: int = 2, *args, timeout: float = 120.0) -> list:
     seconds, and one that exits without a result is a failure too.
     """
     out_dir = tempfile.mkdtemp(prefix="refimpl-world-")
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+    try:
+        return _run(fn, world_size, args, timeout, out_dir)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _run(fn, world_size: int, args, timeout: float, out_dir: str) -> list:
+    store_path = os.path.join(out_dir, "rendezvous")
     ctx = mp.start_processes(
-        _entry, args=(fn, world_size, store.port, out_dir, args), nprocs=world_size, join=False, start_method="spawn"
+        _entry, args=(fn, world_size, store_path, out_dir, args), nprocs=world_size, join=False, start_method="spawn"
     )
     deadline = time.monotonic() + timeout
     try:
@@ -55,7 +67,6 @@ def run_world(fn, world_size: int = 2, *args, timeout: float = 120.0) -> list:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    del store
     results = []
     for rank in range(world_size):
         path = os.path.join(out_dir, f"rank{rank}.pkl")
