@@ -3,6 +3,10 @@
     python benchmarks/ddp_step_time.py            # full run (~2 min on 2 CPU cores)
     python benchmarks/ddp_step_time.py --quick    # smoke run
 
+Models: a 24-layer MLP, a 9-layer transformer, 150 tiny layers, and two production
+setups: ``mlp-amp`` (the MLP under ``torch.autocast`` bf16 with a ``GradScaler``) and
+``mlp-ckpt`` (the MLP in 6 blocks under non-reentrant activation checkpointing).
+
 Timing: one gloo world of 2 ranks per model; torch and refimpl wrap copies of the same
 model and take turns (rounds of a few steps each) so that machine noise hits both alike;
 each reports the median of its per-step times (zero_grad + forward + backward + SGD step)
@@ -53,8 +57,29 @@ class Transformer(nn.Module):
         return self.head(self.enc(self.emb(x)))
 
 
+class CheckpointedMLP(nn.Module):
+    """The benchmark MLP in blocks, each recomputed in backward (non-reentrant checkpoint)."""
+
+    def __init__(self, blocks=6, per_block=4, d=512):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[m for _ in range(per_block) for m in (nn.Linear(d, d), nn.ReLU())]) for _ in range(blocks)
+        )
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+
 def build(name: str):
     """Return (model, make_batch, loss) for one benchmark model."""
+    if name == "mlp-amp":
+        return build("mlp")  # the same model; the step runs under autocast with a GradScaler
+    if name == "mlp-ckpt":
+        return CheckpointedMLP(), lambda g: torch.randn(64, 512, generator=g), lambda out: out.pow(2).mean()
     if name == "mlp":
         layers = []
         for _ in range(24):
@@ -82,10 +107,17 @@ def wrap(impl: str, model: nn.Module, **kw):
     return DistributedDataParallel(model, **kw)
 
 
-def step(ddp, opt, batch, loss_fn):
+def step(ddp, opt, batch, loss_fn, scaler=None):
     opt.zero_grad(set_to_none=True)
-    loss_fn(ddp(batch)).backward()
-    opt.step()
+    if scaler is None:
+        loss_fn(ddp(batch)).backward()
+        opt.step()
+        return
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = loss_fn(ddp(batch).float())
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
 
 
 def _rss_kb(field: str) -> int:
@@ -105,23 +137,24 @@ def timing_body(rank, world, model_name, steps, warmup, rounds, out_path):
         torch.manual_seed(0)
         m, _, _ = build(model_name)
         ddp = wrap(impl, m)
-        impls[impl] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3))
+        scaler = torch.amp.GradScaler("cpu") if model_name.endswith("-amp") else None
+        impls[impl] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3), scaler)
     g = torch.Generator().manual_seed(rank)
     batches = [make_batch(g) for _ in range(4)]
     times = {k: [] for k in impls}
     overlap = []
-    for ddp, opt in impls.values():
+    for ddp, opt, scaler in impls.values():
         for i in range(warmup):
-            step(ddp, opt, batches[i % 4], loss_fn)
+            step(ddp, opt, batches[i % 4], loss_fn, scaler)
     # Alternate implementations every step (and their order every round) so that load
     # from other processes on the machine hits both alike.
     for r in range(rounds):
         order = list(impls) if r % 2 == 0 else list(reversed(impls))
         for i in range(steps):
             for impl in order:
-                ddp, opt = impls[impl]
+                ddp, opt, scaler = impls[impl]
                 t0 = time.perf_counter()
-                step(ddp, opt, batches[i % 4], loss_fn)
+                step(ddp, opt, batches[i % 4], loss_fn, scaler)
                 times[impl].append(time.perf_counter() - t0)
                 if impl == "refimpl":
                     overlap.append(ddp.get_backward_stats().overlap_fraction())
@@ -210,12 +243,12 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="few steps, for a smoke run")
     ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--models", default="mlp,transformer,tiny")
+    ap.add_argument("--models", default="mlp,transformer,tiny,mlp-amp,mlp-ckpt")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     steps, warmup, rounds, mem_steps = (3, 2, 2, 2) if args.quick else (10, 5, 6, 4)
     models = args.models.split(",")
-    scale = {"mlp": 1, "transformer": 3, "tiny": 6}  # cheaper models get more samples
+    scale = {"mlp": 1, "transformer": 3, "tiny": 6, "mlp-amp": 1, "mlp-ckpt": 1}  # cheaper models get more samples
     rows = [run_world(timing_body, args.world_size, m, steps * scale.get(m, 1), warmup, rounds) for m in models]
     memory = {}
     mem_model = "mlp"

@@ -23,7 +23,9 @@ Production features, as in torch: uneven inputs with ``ddp.join()`` or
 parameters' dtype); activation checkpointing (non-reentrant always; reentrant too, and
 where a parameter's gradient arrives in several reentrant segments, with
 ``static_graph=True``); ``state_dict()`` keys carry the ``module.`` prefix and the wrapper
-pickles (``torch.save(ddp)``) on the default group, rebuilding its reducer on load.
+pickles (``torch.save(ddp)``) on the default group, rebuilding its reducer on load;
+``mixed_precision`` with a ``reduce_dtype`` (torch's ``_MixedPrecision(reduce_dtype=...)``)
+reduces gradients in that dtype and casts them back (``refimpl.mixed_precision``).
 
 [Note: torch.compile] ``torch.compile(ddp)`` compiles only the wrapped module's forward: the
 wrapper's bookkeeping before and after it (``_pre_forward`` / ``_post_forward``: join
@@ -50,6 +52,7 @@ from torch.distributed.algorithms.join import Join, Joinable
 from .broadcast import broadcast_from_rank0
 from .bucketing import DEFAULT_BUCKET_CAP_BYTES
 from .join import DDPJoinHook, find_common_rank
+from .mixed_precision import reduce_precision_hook
 from .nested import find_tensors, move_to
 from .reducer import Reducer
 from .reducer_stats import BackwardStats
@@ -61,7 +64,6 @@ __all__ = ["DistributedDataParallel"]
 _UNSUPPORTED = {
     "delay_all_reduce_named_params": None,
     "param_to_hook_all_reduce": None,
-    "mixed_precision": None,
     "device_mesh": None,
     "skip_all_reduce_unused_params": False,
     "bucket_cap_mb_list": None,
@@ -93,6 +95,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         static_graph: bool = False,
         forward_sync_buffers: bool | None = None,
         batched_grad_copy: bool = False,
+        mixed_precision=None,
         **kwargs,
     ) -> None:
         super().__init__()
@@ -161,6 +164,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
         if init_sync:
             self._sync_module_states(0)
+        self.mixed_precision = mixed_precision
         self.reducer = self._build_reducer()
 
     def _build_reducer(self) -> Reducer:
@@ -170,7 +174,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             for m in self.module.modules()
             if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
         }
-        return Reducer(
+        reducer = Reducer(
             [p for _, p in params],
             [n for n, _ in params],
             self.process_group,
@@ -180,6 +184,10 @@ class DistributedDataParallel(nn.Module, Joinable):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph,
         )
+        hook = reduce_precision_hook(self.mixed_precision, [p for _, p in params])
+        if hook is not None:
+            reducer.register_comm_hook(self.process_group, hook)
+        return reducer
 
     def _sync_module_states(self, group_src: int) -> None:
         """Parameters (and buffers, where construction syncs them) from group rank ``group_src``."""
