@@ -119,6 +119,8 @@ class DDPLikeAdapter:
         # whose method or constructor keyword the class lacks is dropped, so its scenarios are
         # skipped with the capability named instead of failing.
         self.capabilities = frozenset(declared) if declared is not None else capabilities - missing_capabilities_of(cls)
+        # Declared bitwise run-to-run determinism (checked by the `determinism` scenarios).
+        self.deterministic = bool(getattr(cls, "gradparity_deterministic", False))
         self._comm_hooks = comm_hooks
 
     def unavailable(self, scenario) -> str | None:

@@ -103,7 +103,7 @@ def scenarios(area: str = "ddp") -> list:
           features=_f(save_load_at=3, autocast="bfloat16", grad_scaler=True, inf_at=(2, 1))),
         # -- determinism: the same scenario twice, bitwise
         m("determinism", "mlp", w=2, steps=STEPS, features=_f(repeat=2), profiles=QUICK),
-        m("determinism", "mlp", w=4, steps=STEPS, features=_f(repeat=2)),
+        m("determinism", "mlp", w=4, steps=STEPS, features=_f(repeat=2), profiles=QUICK),
     ]
     out = [_amp_band(s) for s in out]
     return [s.with_(description=s.description or _describe(s)) for s in out]
