@@ -45,8 +45,12 @@ TESTS = [
     "test_DistributedDataParallelCPU_grad_is_view",
     "test_DistributedDataParallel_requires_grad",
     "test_ddp_create_graph",
+    "test_accumulate_gradients_no_sync",
 ]
-# Uneven-input (join) and other tests torch runs only with 2+ CUDA devices: here too.
+# Uneven-input (join) and other tests torch runs only with 2+ CUDA devices: here too. (Also
+# CUDA-only upstream, not listed: test_ddp_sync_module_states, test_ddp_broadcast_buffer,
+# test_ddp_static_graph_nested_types, test_ddp_sink_noclone, test_detect_ddp_is_actually_static,
+# test_ddp_new_tensor_in_fwd_static_graph and the forward_sync_buffers tests.)
 NEEDS_CUDA = [
     "test_ddp_grad_div_uneven_inputs",
     "test_ddp_join_model_equivalence",
