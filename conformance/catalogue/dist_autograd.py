@@ -37,7 +37,7 @@ def make(kind: str, w: int, profiles: frozenset = QUICK, description: str = "", 
 
 
 def scenarios() -> list[Scenario]:
-    return [
+    return with_clauses([
         make("simple", 2, description="one rpc_sync to worker1; the loss on worker0"),
         make("chain", 3, description="A -> B -> C, parameters on B and C"),
         make("fan-out", 3, description="one tensor to two workers"),
@@ -58,4 +58,25 @@ def scenarios() -> list[Scenario]:
         make("simple", 3, FULL),
         make("round-trip", 3, FULL),
         make("fan-out", 3, FULL, seed=1).with_(id="dist_autograd/fan-out/w3/fp64/seed1"),
-    ]
+    ] + CLAUSE_SCENARIOS)
+
+
+# -- clauses of docs/contracts/dist_autograd.md (issue 15) -----------------------------------------
+# Every scenario checks the context's gradients (A1), that no .grad is written (A3) and that no
+# context or pass is left on any worker (A7); the others by what the composition exercises.
+EVERY = ("A1", "A3", "A7")
+KIND_CLAUSES = {
+    "sent-twice": ("A2",), "fan-out": ("A2",), "unused-leaf": ("A4",), "unused-arg": ("A4",),
+    "unused-result": ("A4",), "retain-graph": ("A5",), "multi-roots": ("A6",), "remote-error": ("A8",),
+    "structures": ("A9",), "async": ("A10",), "chain": ("A11",), "remote-params": ("A11",), "round-trip": ("A11",),
+}
+CLAUSE_SCENARIOS = [
+    make("async", 3, STANDARD, seed=2, description="two rpc_async calls in flight at once (A10 in standard)")
+    .with_(id="dist_autograd/async/w3/fp64/seed2"),
+]
+
+
+def with_clauses(scenarios: list[Scenario]) -> list[Scenario]:
+    def key(c: str) -> int:
+        return int(c[1:])
+    return [s.with_(clauses=tuple(sorted({*EVERY, *KIND_CLAUSES.get(s.model, ())}, key=key))) for s in scenarios]

@@ -121,6 +121,7 @@ def run(payload, ctx) -> dict:
     if ctx.rank != 0:
         return {"rank": ctx.rank}
     record: dict = {"rank": 0, "crash": None}
+    fired_before = _fired_everywhere(mode, scenario.world_size)
     try:
         adapter = fns.adapter_for(mode)
         kind = scenario.model
@@ -132,7 +133,23 @@ def run(payload, ctx) -> dict:
         record["seconds"] = time.perf_counter() - t0
     except Exception:  # noqa: BLE001 - report, keep the pool healthy
         record["crash"] = traceback.format_exc()
+    fired_after = _fired_everywhere(mode, scenario.world_size)
+    if fired_before is not None and fired_after is not None:
+        record["mutation_fired"] = fired_after - fired_before
     return record
+
+
+# -- the zoo's known-bad implementations: how often a mutation fired, summed over the workers ----
+def fetch_fired(mode: str) -> int | None:
+    return getattr(fns.adapter_for(mode), "mutation_fired", None)
+
+
+def _fired_everywhere(mode: str, world_size: int) -> int | None:
+    """Sum of every worker's `mutation_fired` (None for implementations that do not count)."""
+    from torch.distributed import rpc
+
+    counts = [rpc.rpc_sync(f"worker{k}", fetch_fired, args=(mode,)) for k in range(world_size)]
+    return None if all(c is None for c in counts) else sum(c or 0 for c in counts)
 
 
 # -- the coordinator -----------------------------------------------------------------------------
