@@ -95,7 +95,9 @@ class TaskOutcome:
 
 
 class PoolStartError(RuntimeError):
-    pass
+    def __init__(self, message: str, outcome: TaskOutcome):
+        super().__init__(message)
+        self.outcome = outcome
 
 
 class RankPool:
@@ -137,7 +139,7 @@ class RankPool:
         outcome = self._collect(TaskOutcome(f"start {self.topology.key()}"), Op.READY, None, STARTUP_TIMEOUT_S)
         if not outcome.ok:
             self._break()
-            raise PoolStartError(f"could not start ranks for {self.topology.key()}:\n{outcome.render_failures()}")
+            raise PoolStartError(f"could not start ranks for {self.topology.key()}:\n{outcome.render_failures()}", outcome)
         self.state = PoolState.READY
 
     def close(self) -> None:
@@ -182,8 +184,10 @@ class RankPool:
             try:
                 self.start()
             except PoolStartError as exc:
-                for rank in range(self.topology.world_size):
-                    outcome.failures[rank] = RankFailure(rank, "infrastructure", str(exc).splitlines()[0], traceback=str(exc))
+                for rank, failure in exc.outcome.failures.items():
+                    outcome.failures[rank] = RankFailure(
+                        rank, "infrastructure", f"could not start ranks for {self.topology.key()}: {failure.render()}",
+                    )
                 return outcome
         self._task_id += 1
         for rank, conn in enumerate(self._conns):
@@ -355,13 +359,13 @@ class Watchdog:
         if elapsed < self.budget:
             return ""
         if self.cpu is None:  # no /proc: a plain timeout
-            return f"no answer within the {self.budget:.0f}s timeout"
+            return f"no answer within the {self.budget:g}s timeout"
         idle = now - self.progressed_at
         if idle >= min(STALL_S, self.budget):
-            return (f"no answer within the {self.budget:.0f}s timeout"
+            return (f"no answer within the {self.budget:g}s timeout"
                     + (f" (waited {elapsed:.0f}s; no rank used CPU for the last {idle:.0f}s)" if elapsed > self.budget + 1 else ""))
         if elapsed >= self.budget * HARD_CAP:
-            return f"still busy but no answer after {elapsed:.0f}s ({HARD_CAP:g}x the {self.budget:.0f}s timeout)"
+            return f"still busy but no answer after {elapsed:.3g}s ({HARD_CAP:g}x the {self.budget:g}s timeout)"
         return ""
 
 

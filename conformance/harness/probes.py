@@ -58,3 +58,13 @@ def rpc_echo(payload, ctx):
     ctx.ensure_rpc()
     peer = f"worker{(ctx.rank + 1) % ctx.world_size}"
     return rpc.rpc_sync(peer, max, args=(ctx.rank, payload))
+
+
+def busy(payload, ctx):
+    """Every rank computes for `payload` seconds of wall time, then joins a collective: slow, not hung."""
+    deadline = time.monotonic() + payload
+    x = 0
+    while time.monotonic() < deadline:
+        x += 1
+    dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
+    return ctx.rank

@@ -29,7 +29,7 @@ def print_summary(terminalreporter, results: list[dict], written: dict | None, u
         if counts["failed"] + counts["xpassed"]:
             state = "[bold red]NOT CONFORMANT[/]"
         elif counts["error"]:
-            state = "[bold red]UNKNOWN (infrastructure errors)[/]"
+            state = "[bold red]NO VERDICT[/]"
         else:
             state = "[green]conformant[/]"
         table.add_row(adapter, *(str(counts[v]) for v in COLUMNS), state)

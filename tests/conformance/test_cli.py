@@ -128,3 +128,24 @@ def test_plain_pytest_with_xfails_file(env):
     out = result.stdout.str()
     assert "XPASS(strict)" in out or "xpassed" in out.lower()
     assert "matches no collected case" in out
+
+
+@pytest.mark.slow
+def test_an_infrastructure_failure_is_an_error_everywhere(env, monkeypatch):
+    """A pool that cannot start (here: a startup budget nobody can meet) is retried once, then
+    reported as an `error` of class infrastructure: in JSON, JUnit and the terminal, never `failed`."""
+    monkeypatch.setenv("GRADPARITY_STARTUP_TIMEOUT", "0.01")
+    result = env.run("gradparity", "run", "--adapter", "torch-ddp", "--scenario", "ddp/plain/mlp/w2/fp32",
+                     "--report-dir", "out", timeout=300)
+    assert result.ret == 1
+    report = json.loads((env.path / "out" / "gradparity.json").read_text())
+    (case,) = report["results"]
+    assert case["verdict"] == "error" and case["failure_class"] == "infrastructure", case
+    assert "could not start ranks" in case["cause"]
+    assert report["summary"]["error"] == 1 and report["summary"]["failed"] == 0
+    assert report["summary"]["failure_classes"]["infrastructure"] == 1
+    junit = (env.path / "out" / "junit.xml").read_text()
+    assert "<error" in junit and "<failure" not in junit
+    out = " ".join(result.stdout.str().split())  # the terminal wraps long lines
+    assert "[infrastructure] rank 0: could not start ranks for w2/gloo/cpu: rank 0 timeout: waiting for ready" in out
+    assert "NO VERDICT" in out

@@ -52,6 +52,7 @@ def test_rank_that_exits(pool):
 
 
 def test_rank_that_hangs_in_a_collective(pool):
+    _recovers(pool)  # a warm world: the bound below is about the task, not a cold start
     outcome = pool.run(PROBE + "hang_on", 1, timeout=4)
     assert not outcome.ok and outcome.seconds < 15
     assert {f.kind for f in outcome.failures.values()} == {"timeout"}
@@ -73,3 +74,36 @@ def test_clean_teardown_is_not_a_failure():
     assert p.run(PROBE + "echo", 1, timeout=60).ok
     p.close()
     assert p.state == PoolState.CLOSED
+
+
+def test_a_busy_task_past_its_budget_is_not_a_hang(pool):
+    """Ranks that keep computing are slow, not hung: the budget is extended while they use CPU."""
+    outcome = pool.run(PROBE + "busy", 4.0, timeout=1.5)
+    assert outcome.ok, outcome.render_failures()
+    assert outcome.seconds >= 4.0
+
+
+def test_a_task_that_cannot_be_imported_is_infrastructure_retried_once(pool):
+    from conformance.failure import FailureClass, classify_outcome
+
+    outcome = pool.run("conformance.harness.probes:no_such_task", None, timeout=30)
+    assert outcome.infrastructure and outcome.attempts == 2
+    classified = classify_outcome(outcome)
+    assert classified.failure_class is FailureClass.INFRASTRUCTURE and "no_such_task" in classified.cause
+    _recovers(pool)
+
+
+def test_a_pool_that_cannot_start_is_infrastructure_not_a_failure(monkeypatch):
+    import conformance.harness.pool as pool_module
+    from conformance.failure import FailureClass, classify_outcome
+
+    monkeypatch.setattr(pool_module, "STARTUP_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(pool_module, "HARD_CAP", 1.0)
+    p = RankPool(choose_topology(2, "cpu"))
+    try:
+        outcome = p.run(PROBE + "echo", 0, timeout=30)
+    finally:
+        p.close()
+    assert outcome.attempts == 2 and p.startups == 2
+    assert classify_outcome(outcome).failure_class is FailureClass.INFRASTRUCTURE
+    assert "could not start ranks" in outcome.failures[0].message
