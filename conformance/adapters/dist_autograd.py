@@ -10,6 +10,7 @@ The protocol (every method is called inside rank processes where RPC is up, work
         def get_gradients(self, context_id) -> dict[Tensor, Tensor]:   # on *this* worker
         def rpc_sync(self, to, fn, args): ...                      # recorded in the context
         def rpc_async(self, to, fn, args) -> Future: ...           # .wait() gives the value
+        def remote(self, to, fn, args) -> RRef: ...  # the user then calls torch's rref.to_here()
         def debug_info(self) -> dict[str, int]:  # num_autograd_contexts, num_current_backward_passes
 """
 
@@ -39,6 +40,8 @@ class DistAutogradAdapter(Protocol):
     def rpc_sync(self, to: str, fn, args: tuple) -> Any: ...
 
     def rpc_async(self, to: str, fn, args: tuple) -> Any: ...
+
+    def remote(self, to: str, fn, args: tuple) -> Any: ...
 
     def debug_info(self) -> dict[str, int]: ...
 
@@ -73,6 +76,9 @@ class RefimplDistAutograd:
 
     def rpc_async(self, to, fn, args):
         return self._da.rpc_async(to, fn, args=args)
+
+    def remote(self, to, fn, args):
+        return self._da.remote(to, fn, args=args)
 
     def debug_info(self):
         return {k: int(v) for k, v in self._da.debug_info().items()}
@@ -109,6 +115,11 @@ class TorchDistAutograd:
 
         return rpc.rpc_async(to, fn, args=args)
 
+    def remote(self, to, fn, args):
+        from torch.distributed import rpc
+
+        return rpc.remote(to, fn, args=args)
+
     def debug_info(self):
         import torch.distributed.autograd as da
 
@@ -144,3 +155,178 @@ class LosesSecondSend(RefimplDistAutograd):
 
 def mutant_loses_second_send() -> LosesSecondSend:
     return LosesSecondSend()
+
+
+# -- issue 16: known-bad implementations of the failure classes torch's own tests found ---------
+# Each is refimpl with one of the bugs refimpl had before issue 16 (or an equivalent one), and
+# one issue-16 scenario catches it (tests/conformance/test_area_dist_autograd.py).
+class _FetchesDetached:
+    """An RRef whose to_here() is torch's plain fetch: no autograd edge, a detached copy."""
+
+    def __init__(self, rref):
+        self._rref = rref
+
+    def to_here(self):
+        from refimpl.distributed_autograd.rpc import _torch_to_here
+
+        return _torch_to_here(self._rref)
+
+
+class RRefFetchDetached(RefimplDistAutograd):
+    """Mutant: RRef.to_here() inside a context returns a detached copy (refimpl before issue 16:
+    a silent wrong gradient)."""
+
+    name = "mutant-dist-autograd-rref-detached"
+
+    def remote(self, to, fn, args):
+        return _FetchesDetached(super().remote(to, fn, args))
+
+
+class DensifiesSparseGrads(RefimplDistAutograd):
+    """Mutant: sparse gradients come out of the context dense (a sparse leaf's gradient must
+    stay sparse, as local autograd makes it)."""
+
+    name = "mutant-dist-autograd-dense-sparse-grads"
+
+    def get_gradients(self, context_id):
+        return {t: (g.to_dense() if g.is_sparse else g) for t, g in super().get_gradients(context_id).items()}
+
+
+class PicklesScriptTarget(RefimplDistAutograd):
+    """Mutant: the RPC target travels by pickling, which a TorchScript function cannot."""
+
+    name = "mutant-dist-autograd-pickles-script-target"
+
+    def rpc_sync(self, to, fn, args):
+        import functools
+
+        return super().rpc_sync(to, functools.partial(fn), args)
+
+
+class ForgetsTensorFreeWorkers(RefimplDistAutograd):
+    """Mutant: a worker reached only by RPCs without tensors requiring grad is not remembered,
+    so the context is never released there (refimpl before issue 16: a leak)."""
+
+    name = "mutant-dist-autograd-forgets-tensor-free"
+
+    def rpc_sync(self, to, fn, args):
+        from torch.distributed import rpc
+
+        from refimpl.distributed_autograd.context import current_context
+
+        ctx = current_context()
+        dst = rpc.get_worker_info(to).id
+        with ctx.lock:
+            known = dst in ctx.known_workers
+        out = super().rpc_sync(to, fn, args)
+        carried = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        if not known and not carried:
+            with ctx.lock:
+                ctx.known_workers.discard(dst)
+        return out
+
+
+class _EnginePatch:
+    """Swap one attribute of refimpl's engine module while a backward runs (the local runs of
+    this worker happen inside the call, on this thread or RPC threads of this process)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+    def __enter__(self):
+        from refimpl.distributed_autograd import engine
+
+        self._lock.acquire()
+        self.saved = getattr(engine, self.name)
+        setattr(engine, self.name, self.value)
+
+    def __exit__(self, *exc):
+        from refimpl.distributed_autograd import engine
+
+        setattr(engine, self.name, self.saved)
+        self._lock.release()
+
+
+class SharesGradBuffers(RefimplDistAutograd):
+    """Mutant: captured gradients are stored as they come, so one tensor returned for two
+    inputs becomes both leaves' buffer (refimpl before issue 16)."""
+
+    name = "mutant-dist-autograd-shares-buffers"
+
+    def backward(self, context_id, roots, retain_graph=False):
+        with _EnginePatch("_own_buffers", lambda grads: {t: g.detach() for t, g in grads.items()}):
+            super().backward(context_id, roots, retain_graph)
+
+
+def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph):
+    """refimpl's local run before issue 16: torch.autograd.grad with the leaves and the received
+    tensors as inputs, so AccumulateGrad nodes (and their post hooks) never execute."""
+    from collections import defaultdict
+
+    from torch.autograd.graph import GradientEdge
+
+    from refimpl.distributed_autograd import engine
+    from refimpl.distributed_autograd.functions import RecvBackward
+
+    with ctx.run_lock:
+        leaves, _, _ = engine._collect_leaves([o.grad_fn for o in outputs])
+        recvs, seen, stack = [], set(), [o.grad_fn for o in outputs]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if isinstance(node, RecvBackward):
+                recvs.append(node)
+            else:
+                stack.extend(n for n, _ in node.next_functions)
+        inputs = leaves + [GradientEdge(n, 0) for n in recvs]
+        if not inputs:
+            return {}
+        grads = torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True)
+        with ctx.lock:
+            owned = engine._own_buffers({t: g for t, g in zip(leaves, grads, strict=False) if g is not None})
+            for leaf, grad in owned.items():
+                ctx.accumulate(leaf, grad)
+    outbound = defaultdict(list)
+    for node, grad in zip(recvs, grads[len(leaves):], strict=True):
+        if grad is not None:
+            outbound[node.origin].append((node.send_id, grad))
+    return outbound
+
+
+class SkipsAccumulateHooks(RefimplDistAutograd):
+    """Mutant: leaf gradients are taken as inputs of torch.autograd.grad, so hooks registered on
+    AccumulateGrad nodes never run (refimpl before issue 16)."""
+
+    name = "mutant-dist-autograd-skips-accumulate-hooks"
+
+    def backward(self, context_id, roots, retain_graph=False):
+        with _EnginePatch("_run_local", _run_local_grad_only):
+            super().backward(context_id, roots, retain_graph)
+
+
+def mutant_rref_detached() -> RRefFetchDetached:
+    return RRefFetchDetached()
+
+
+def mutant_dense_sparse_grads() -> DensifiesSparseGrads:
+    return DensifiesSparseGrads()
+
+
+def mutant_pickles_script_target() -> PicklesScriptTarget:
+    return PicklesScriptTarget()
+
+
+def mutant_forgets_tensor_free() -> ForgetsTensorFreeWorkers:
+    return ForgetsTensorFreeWorkers()
+
+
+def mutant_shares_buffers() -> SharesGradBuffers:
+    return SharesGradBuffers()
+
+
+def mutant_skips_accumulate_hooks() -> SkipsAccumulateHooks:
+    return SkipsAccumulateHooks()

@@ -58,7 +58,7 @@ def scenarios() -> list[Scenario]:
         make("simple", 3, FULL),
         make("round-trip", 3, FULL),
         make("fan-out", 3, FULL, seed=1).with_(id="dist_autograd/fan-out/w3/fp64/seed1"),
-    ] + CLAUSE_SCENARIOS)
+    ] + CLAUSE_SCENARIOS + issue16_scenarios())
 
 
 # -- clauses of docs/contracts/dist_autograd.md (issue 15) -----------------------------------------
@@ -80,3 +80,21 @@ def with_clauses(scenarios: list[Scenario]) -> list[Scenario]:
     def key(c: str) -> int:
         return int(c[1:])
     return [s.with_(clauses=tuple(sorted({*EVERY, *KIND_CLAUSES.get(s.model, ())}, key=key))) for s in scenarios]
+
+
+# -- issue 16: the failure classes torch's own dist_autograd tests found in refimpl -------------
+def issue16_scenarios() -> list[Scenario]:
+    """The failure classes torch's own dist_autograd tests found in refimpl (issue 16)."""
+    return [
+        make("rref-to-here", 2, description="torch's own RRef.to_here() of a remote result carries "
+             "the gradient back (never a silent detached copy)"),
+        make("sparse", 2, description="a sparse leaf and a sparse result cross the RPC; sparse "
+             "gradients stay sparse"),
+        make("torchscript", 2, STANDARD, description="a TorchScript function as the RPC target"),
+        make("tensor-free", 3, STANDARD, description="a worker reached only by an RPC without "
+             "tensors requiring grad: its context is released too"),
+        make("shared-grad", 2, STANDARD, description="one backward returns one tensor for two "
+             "leaves: each leaf gets a gradient buffer of its own"),
+        make("accumulate-hooks", 2, STANDARD, description="a post hook on a leaf's AccumulateGrad "
+             "node runs once per pass"),
+    ]

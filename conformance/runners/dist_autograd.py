@@ -100,7 +100,8 @@ def _wait_clean(mode: str, world_size: int) -> dict:
 def _one_context(adapter, mode, scenario: Scenario, kind: str, passes: int) -> dict:
     seed = scenario.seed
     leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
-    rec = {"passes": [], "error": None, "dot_grad": []}
+    rec = {"passes": [], "error": None, "dot_grad": [], "shared": []}
+    fns.HOOK_CALLS[0] = 0
     with adapter.context() as context_id:
         roots = fns.COMPOSITIONS[kind](mode, seed, leaves)
         for i in range(passes):
@@ -110,9 +111,23 @@ def _one_context(adapter, mode, scenario: Scenario, kind: str, passes: int) -> d
                 rec["error"] = f"{type(exc).__name__}: {exc}"
                 break
             rec["passes"].append(_all_grads(adapter, mode, seed, context_id, leaves, scenario.world_size))
+            rec["shared"].append(_shared_buffers(adapter.get_gradients(context_id), leaves))
     rec["dot_grad"] = [n for n, t in leaves.items() if t.grad is not None]
+    rec["hook_calls"] = fns.HOOK_CALLS[0]
     rec["cleanup"] = _wait_clean(mode, scenario.world_size)
     return rec
+
+
+def _shared_buffers(grads: dict, leaves: dict) -> list[list[str]]:
+    """Groups of worker0's leaves whose gradients in the context share one buffer (issue 16)."""
+    by_storage: dict[int, list[str]] = {}
+    for name, leaf in leaves.items():
+        g = grads.get(leaf)
+        if g is None or g.numel() == 0:
+            continue
+        key = g._values().data_ptr() if g.is_sparse else g.untyped_storage().data_ptr()
+        by_storage.setdefault(key, []).append(f"{name}@worker0")
+    return [names for names in by_storage.values() if len(names) > 1]
 
 
 def run(payload, ctx) -> dict:
@@ -173,7 +188,12 @@ def _compare_passes(scenario, adapter_spec, kind, rec, expected_once, repro, lab
         expected = {n: (None if g is None else g * (i + 1)) for n, g in expected_once.items()}
         full_actual = {n: actual.get(n) for n in expected}
         full_actual.update({n: g for n, g in actual.items() if n not in expected})
-        bad = compare_dicts(expected, full_actual, tol)
+        layouts = _layout_mismatches(expected, full_actual)
+        if layouts:
+            raise ConformanceError(
+                f"[{scenario.id}] adapter {adapter_spec}: backward pass {i + 1}{label}: gradient layout "
+                f"differs from local autograd: {layouts}\n  repro: {repro}")
+        bad = compare_dicts(_dense(expected), _dense(full_actual), tol)
         count += 1
         if bad:
             what = f"gradients in the context differ from local autograd over the same composition{label}"
@@ -183,6 +203,16 @@ def _compare_passes(scenario, adapter_spec, kind, rec, expected_once, repro, lab
                 scenario_id=scenario.id, adapter=adapter_spec, rank=0, where=f"backward pass {i + 1}{label}",
                 what=what, mismatches=bad, tol=tol, repro=repro,
             ))
+    shared = [group for groups in rec.get("shared", []) for group in groups]
+    if shared:
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec}: leaves {shared[0]} share one gradient buffer in the "
+            f"context (each leaf needs its own: an in-place update of one would change the other)\n  repro: {repro}")
+    if kind == "accumulate-hooks" and rec.get("hook_calls") != len(rec["passes"]):
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter_spec}: the post hook on x's AccumulateGrad node ran "
+            f"{rec.get('hook_calls')} times in {len(rec['passes'])} backward pass(es); torch's engine runs "
+            f"it once per pass\n  repro: {repro}")
     if rec["dot_grad"]:
         raise ConformanceError(
             f"[{scenario.id}] adapter {adapter_spec}: distributed backward wrote .grad of {rec['dot_grad']} "
@@ -192,6 +222,20 @@ def _compare_passes(scenario, adapter_spec, kind, rec, expected_once, repro, lab
             f"[{scenario.id}] adapter {adapter_spec}: {CLEANUP_WAIT_S:g} s after the context exited{label}, "
             f"workers still hold contexts or passes: {rec['cleanup']['left']}\n  repro: {repro}")
     return count + 2
+
+
+def _layout_mismatches(expected: dict, actual: dict) -> dict[str, str]:
+    """{name: "expected L1, got L2"} where a gradient's layout (strided/sparse) is not local autograd's."""
+    out = {}
+    for name, e in expected.items():
+        a = actual.get(name)
+        if e is not None and a is not None and e.layout != a.layout:
+            out[name] = f"expected {e.layout}, got {a.layout}"
+    return out
+
+
+def _dense(grads: dict) -> dict:
+    return {n: (g.to_dense() if g is not None and g.layout != torch.strided else g) for n, g in grads.items()}
 
 
 def check(scenario: Scenario, adapter_spec: str, session) -> Checked:

@@ -70,7 +70,8 @@ def reset_params(mode: str) -> None:
 
 
 def leaves(seed: int, names=("x", "w")) -> dict[str, torch.Tensor]:
-    return {n: _tensor(seed, n) for n in names}
+    """Worker0's leaves; a name starting with "s" is a sparse one (issue 16 block below)."""
+    return {n: sparse_leaf(seed, n) if n.startswith("s") else _tensor(seed, n) for n in names}
 
 
 # -- functions run on other workers ------------------------------------------------------------
@@ -212,3 +213,105 @@ COMPOSITIONS = {
     "remote-error": remote_error,
 }
 LEAVES = {"unused-leaf": ("x", "w", "u")}
+
+
+# -- issue 16: the failure classes torch's own dist_autograd tests found ------------------------
+# Each composition below exercises one of them; conformance/adapters/dist_autograd.py holds a
+# known-bad implementation for each (tests/conformance/test_area_dist_autograd.py).
+HOOK_CALLS = [0]  # accumulate-hooks: post-hook calls of x's AccumulateGrad on this process
+
+
+class _LocalRRef:
+    """The oracle's stand-in for an RRef: the value, fetched by a plain call."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def to_here(self):
+        return self.value
+
+
+def remote(mode: str, to: str, fn, args: tuple):
+    if mode == "local":
+        return _LocalRRef(fn(*args))
+    return adapter_for(mode).remote(to, fn, args)
+
+
+def sparse_leaf(seed: int, name: str) -> torch.Tensor:
+    """A 4x4 sparse COO leaf (about half the entries set) requiring grad."""
+    dense = _tensor(seed, name).detach()
+    return (dense * (dense > 0)).to_sparse().requires_grad_()
+
+
+def to_sparse_scaled(x):
+    return (x * 3).to_sparse()
+
+
+@torch.jit.script
+def script_mul_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a * b + a
+
+
+class SameGradTwice(torch.autograd.Function):
+    """Its backward returns one tensor as the gradient of both inputs (like torch's test)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return a + b
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad
+
+
+def _count_hook(grad_inputs, grad_outputs):
+    HOOK_CALLS[0] += 1
+
+
+def rref_to_here(mode, seed, L):
+    """torch's own RRef.to_here() on a remote result: the fetch must carry the gradient back."""
+    rref = remote(mode, "worker1", torch.mul, (L["x"], L["w"]))
+    return [(rref.to_here() * L["x"]).sum()]
+
+
+def sparse(mode, seed, L):
+    """A sparse leaf sent as an argument, a sparse result sent back: sparse tensors and sparse
+    gradients cross the RPC both ways."""
+    y = call(mode, "worker1", torch.sparse.mm, (L["s"], L["w"]))
+    z = call(mode, "worker1", to_sparse_scaled, (L["x"],))
+    return [(y * L["x"]).sum() + torch.sparse.sum(z * 2)]
+
+
+def torchscript(mode, seed, L):
+    """A TorchScript function as the RPC target."""
+    y = call(mode, "worker1", script_mul_add, (L["x"], L["w"]))
+    return [(y * L["w"]).sum()]
+
+
+def tensor_free(mode, seed, L):
+    """worker2 is reached only by an RPC without tensors requiring grad: it still holds the
+    context (its answer could have carried one), which must be released with it."""
+    n = call(mode, "worker2", torch.ones, ((4, 4),))
+    y = call(mode, "worker1", torch.mul, (L["x"], L["w"]))
+    return [(y * n).sum()]
+
+
+def shared_grad(mode, seed, L):
+    """One backward function returns one tensor for two leaves: each needs a buffer of its own."""
+    h = SameGradTwice.apply(L["x"], L["w"])
+    return [call(mode, "worker1", torch.tanh, (h,)).sum()]
+
+
+def accumulate_hooks(mode, seed, L):
+    """A post hook on x's AccumulateGrad node: the distributed backward must run it, once per
+    pass, as torch's engine does."""
+    h = L["x"] * L["w"]
+    h.grad_fn.next_functions[0][0].register_hook(_count_hook)
+    return [call(mode, "worker1", torch.tanh, (h,)).sum()]
+
+
+COMPOSITIONS.update({
+    "rref-to-here": rref_to_here, "sparse": sparse, "torchscript": torchscript,
+    "tensor-free": tensor_free, "shared-grad": shared_grad, "accumulate-hooks": accumulate_hooks,
+})
+LEAVES.update({"sparse": ("x", "w", "s")})

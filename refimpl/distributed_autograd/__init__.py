@@ -14,7 +14,13 @@ autograd functions and payload packing), ``engine`` (backward, cleanup, debug in
 (recording wrappers), ``optimizer`` (DistributedOptimizer).
 """
 
-from .context import context, current_context_id, get_gradients
+from .context import (
+    _current_context,
+    _retrieve_context,
+    context,
+    current_context_id,
+    get_gradients,
+)
 from .engine import _get_debug_info, backward, debug_info
 from .optimizer import DistributedOptimizer
 from .rpc import remote, rpc_async, rpc_sync, to_here
@@ -30,5 +36,7 @@ __all__ = [
     "rpc_async",
     "rpc_sync",
     "to_here",
+    "_current_context",
     "_get_debug_info",
+    "_retrieve_context",
 ]

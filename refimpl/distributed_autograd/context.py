@@ -56,6 +56,14 @@ class DistAutogradContext:
     pending_releases: list = field(default_factory=list)
     _send_ids: Iterator[int] = field(default_factory=itertools.count)
 
+    # torch's names for the accessors tests and tools read ------------------------------------
+    def _context_id(self) -> int:
+        return self.context_id
+
+    def _known_worker_ids(self) -> set[int]:
+        with self.lock:
+            return set(self.known_workers)
+
     def drain_releases(self) -> None:
         with self.lock:
             pending, self.pending_releases = self.pending_releases, []
@@ -82,10 +90,10 @@ class DistAutogradContext:
         return send_id
 
     def accumulate(self, tensor: torch.Tensor, grad: torch.Tensor) -> None:
-        """Add ``grad`` into this context's gradient for ``tensor`` (caller holds ``lock``)."""
-        grad = grad.detach()
-        if not grad.is_contiguous():
-            grad = grad.contiguous()
+        """Add ``grad`` into this context's gradient for ``tensor`` (caller holds ``lock``).
+
+        ``grad`` must be a buffer of its own (engine._own_buffers): the first one is kept as is.
+        """
         previous = self.grads.get(tensor)
         self.grads[tensor] = grad if previous is None else previous + grad
 
@@ -243,6 +251,14 @@ def context() -> Iterator[int]:
         from .engine import release_context
 
         release_context(ctx.context_id)
+
+
+def _current_context() -> DistAutogradContext:
+    """torch's ``_current_context()``: the thread's context object (raises if none)."""
+    ctx = current_context()
+    if ctx is None:
+        raise RuntimeError("Current thread doesn't have a valid autograd context")
+    return ctx
 
 
 def current_context_id() -> int:

@@ -4,14 +4,13 @@
 ``backward(context_id, roots)`` on the caller (worker R):
 
 1. validate the roots (non-empty, scalar, requires grad, has a grad_fn);
-2. run the **local part** of the graph once: ``torch.autograd.grad`` from the roots (seeded with
-   ones) with, as inputs, every leaf requiring grad and every received tensor (the input edge of
-   each ``RecvBackward`` node) found by walking the graph from the roots. Leaf gradients are
-   accumulated into the context; gradients of received tensors are grouped by the worker they
-   came from;
+2. run the **local part** of the graph once: ``torch.autograd.backward`` from the roots (seeded
+   with ones), the gradients flowing into every leaf's ``AccumulateGrad`` and every received
+   tensor's ``RecvBackward`` taken by pre-hooks (capture.py). Leaf gradients are accumulated
+   into the context; gradients of received tensors are grouped by the worker they came from;
 3. send **one message per origin worker** carrying the gradients of all its send functions
    (``_receive_gradients``). That worker runs its local part from those send functions in one
-   ``torch.autograd.grad`` call, accumulates, forwards to *its* origins, and answers only once
+   ``torch.autograd.backward`` call, accumulates, forwards to *its* origins, and answers only once
    everything downstream answered — so when R's futures complete, every worker the graph
    reaches has finished;
 4. unless ``retain_graph``, tell every reached worker to drop the send functions of the
@@ -41,9 +40,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
-from torch.autograd.graph import GradientEdge
 from torch.distributed import rpc
 
+from . import capture
+from .capture import leaf_hook
 from .context import DistAutogradContext, container
 from .functions import RecvBackward
 
@@ -79,39 +79,63 @@ def validate_roots(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 # the local part of the graph ----------------------------------------------------------------------
-def _collect_inputs(ctx: DistAutogradContext, start) -> tuple[list[torch.Tensor], list]:
-    """Leaves requiring grad and RecvBackward nodes reachable from ``start`` nodes."""
+def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
+    """Leaves requiring grad reachable from ``start`` nodes, their ``AccumulateGrad`` nodes, and
+    whether any received tensor is reachable (the walk stops at both)."""
     seen: set = set()
     stack = [n for n in start if n is not None]
     leaves: list[torch.Tensor] = []
-    recvs: list = []
+    nodes: list = []
+    any_recv = False
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
         if isinstance(node, RecvBackward):
-            if node.context_id != ctx.context_id:
-                raise RuntimeError(
-                    f"a tensor received in autograd context {node.context_id} is part of the "
-                    f"graph of a backward in context {ctx.context_id}"
-                )
-            if node.epoch != ctx.graph_epoch:
-                raise RuntimeError(
-                    "Trying to backward through the distributed graph a second time: it was "
-                    "released by a previous backward(retain_graph=False) in context "
-                    f"{ctx.context_id}; pass retain_graph=True to the first backward"
-                )
-            recvs.append(node)
+            any_recv = True
             continue
         variable = getattr(node, "variable", None)
         if variable is not None and type(node).__name__ == "AccumulateGrad":
             leaves.append(variable)
+            nodes.append(node)
             continue
         for nxt, _ in node.next_functions:
             if nxt is not None and nxt not in seen:
                 stack.append(nxt)
-    return leaves, recvs
+    return leaves, nodes, any_recv
+
+
+def _own_buffers(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+    """Give every leaf a gradient buffer of its own, dense ones contiguous.
+
+    A backward function may return one tensor as the gradient of two inputs; stored as is, two
+    leaves would share (and a later in-place update of one would corrupt the other). Like
+    torch's engine, which holds every captured gradient until the pass ends and so never steals
+    a shared one, every gradient whose storage another leaf's gradient also uses is copied;
+    an unshared one is kept without a copy.
+    """
+    owners: dict[int, int] = {}
+    for grad in grads.values():
+        key = _storage_key(grad)
+        owners[key] = owners.get(key, 0) + 1
+    out = {}
+    for leaf, grad in grads.items():
+        grad = grad.detach()
+        if grad.layout == torch.strided and not grad.is_contiguous():
+            grad = grad.contiguous()
+        elif owners[_storage_key(grad)] > 1:
+            grad = grad.clone()
+        out[leaf] = grad
+    return out
+
+
+def _storage_key(grad: torch.Tensor) -> int:
+    if grad.is_sparse:
+        return grad._values().untyped_storage().data_ptr()
+    if grad.layout != torch.strided:
+        return id(grad)
+    return grad.untyped_storage().data_ptr()
 
 
 def _run_local(
@@ -120,23 +144,32 @@ def _run_local(
     grad_outputs: list[torch.Tensor],
     retain_graph: bool,
 ) -> dict[int, list[tuple[int, torch.Tensor]]]:
-    """One local run: accumulate leaf grads, return {origin worker: [(send_id, grad)]}."""
+    """One local run: accumulate leaf grads, return {origin worker: [(send_id, grad)]}.
+
+    See capture.py [Note: capture by pre-hooks].
+    """
     with ctx.run_lock:
-        leaves, recvs = _collect_inputs(ctx, [o.grad_fn for o in outputs])
-        inputs = leaves + [GradientEdge(node, 0) for node in recvs]
-        if not inputs:
+        leaves, nodes, any_recv = _collect_leaves([o.grad_fn for o in outputs])
+        if not leaves and not any_recv:
             return {}
-        grads = torch.autograd.grad(
-            outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True
-        )
-        with ctx.lock:
-            for leaf, grad in zip(leaves, grads[: len(leaves)], strict=True):
-                if grad is not None:
+        handles = [
+            node.register_prehook(leaf_hook(leaf))
+            for leaf, node in zip(leaves, nodes, strict=True)
+        ]
+        try:
+            with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
+                torch.autograd.backward(outputs, grad_outputs, retain_graph=retain_graph)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if cap.leaves:
+            grads = _own_buffers(cap.leaves)
+            with ctx.lock:
+                for leaf, grad in grads.items():
                     ctx.accumulate(leaf, grad)
     outbound: dict[int, list[tuple[int, torch.Tensor]]] = defaultdict(list)
-    for node, grad in zip(recvs, grads[len(leaves) :], strict=True):
-        if grad is not None:
-            outbound[node.origin].append((node.send_id, grad))
+    for origin, send_id, grad in cap.recvs:
+        outbound[origin].append((send_id, grad))
     return outbound
 
 

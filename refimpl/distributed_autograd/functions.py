@@ -10,10 +10,12 @@ When a tensor that requires grad crosses an RPC made in a context, the sender re
 - ``SendFunction.apply(x)`` returns an alias of ``x`` whose grad_fn's edge points at x's
   producer *at send time*; the context keeps it under a fresh ``send_id``. When a gradient for
   that send id comes back, the engine runs the local graph from it.
-- ``RecvFunction.apply(anchor, payload)`` makes the received tensor require grad and gives it a
-  grad_fn (so it can be a backward root). The node carries ``(origin worker, send_id, epoch)``;
-  the engine never executes it: it captures the gradient flowing *into* it (as an input of
-  ``torch.autograd.grad``) and ships it to the origin.
+- ``RecvFunction.apply(anchor, _Payload(tensor))`` makes the received tensor require grad and
+  gives it a grad_fn (so it can be a backward root). The tensor itself is returned, not an input
+  of the function (an input returned as output would become a view, and sparse tensors cannot
+  be views). A pre-hook registered on its node with ``(origin worker, send_id, epoch)``
+  captures the gradient flowing *into* it during a distributed backward (see
+  ``capture.py``), which the engine ships to the origin.
 
 On the wire a recorded tensor travels as a detached tensor inside a ``WireTensor`` marker.
 Nested tuples, lists (and namedtuples) and dicts are walked; other objects pass unchanged.
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .capture import recv_hook
 from .context import DistAutogradContext
 
 
@@ -38,10 +41,19 @@ class SendFunction(torch.autograd.Function):
         return grad
 
 
+class _Payload:
+    """Carries the received tensor into ``RecvFunction.forward`` without making it an input."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 class RecvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, payload):  # noqa: D102
-        return payload
+        return payload.tensor
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
@@ -119,12 +131,10 @@ def unpack(ctx: DistAutogradContext, origin: int, obj: Any) -> Any:
             return t
         found = True
         with torch.enable_grad():
-            out = RecvFunction.apply(ctx.anchor, t.tensor)
+            out = RecvFunction.apply(ctx.anchor, _Payload(t.tensor))
         node = out.grad_fn
-        node.origin = origin
-        node.send_id = t.send_id
-        node.epoch = ctx.graph_epoch
-        node.context_id = ctx.context_id
+        node.origin, node.send_id, node.context_id = origin, t.send_id, ctx.context_id
+        node.register_prehook(recv_hook(ctx.context_id, ctx.graph_epoch, origin, t.send_id))
         return out
 
     out = _map(obj, one)

@@ -8,7 +8,20 @@ those tensors attached to recv functions, and tensors requiring grad in the retu
 the same trip back. Outside a context they are plain torch RPCs.
 
 ``remote`` keeps the result on the owner (its graph lives in the owner's context); fetch it with
-autograd recorded through :func:`to_here`, or pass the RRef to another ``rpc_sync``.
+autograd recorded through :func:`to_here` or torch's own ``RRef.to_here()``, or pass the RRef to
+another ``rpc_sync``.
+
+[Note: torch's RRef.to_here]
+A user who swaps engines keeps calling ``rref.to_here()``: torch's C++ fetch knows nothing of
+refimpl's contexts and would hand back a detached copy, a silent wrong gradient. So importing
+this module replaces ``RRef.to_here`` by a method that, while a refimpl context is current on
+the calling thread, fetches through :func:`to_here` (recording the send/recv pair) and
+otherwise calls torch's own. Inside TorchScript, ``to_here`` is torch's C++ and is not
+intercepted.
+
+TorchScript functions are valid targets, as with torch: they cannot be pickled, so they travel
+by qualified name and the callee looks up its own compiled copy (the defining module must be
+imported there, as torch requires too).
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._C._distributed_rpc import PyRRef
 from torch.distributed import rpc
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
@@ -29,8 +43,28 @@ def _worker_id(to) -> int:
     return rpc.get_worker_info(to).id
 
 
+class _ScriptTarget:
+    """A TorchScript function in flight: its qualified name (see [Note: torch's RRef.to_here])."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def resolve(self):
+        fn = torch.jit._state._python_cu.find_function(self.name)
+        if fn is None:
+            raise RuntimeError(
+                f"TorchScript function {self.name} is not compiled on this worker: import the "
+                "module that defines it here too"
+            )
+        return fn
+
+
 def _call_in_context(context_id: int, origin: int, func, args, kwargs, send_back: bool):
     """Callee side: run ``func`` in context ``context_id``, recording recvs and sends."""
+    if isinstance(func, _ScriptTarget):
+        func = func.resolve()
     ctx = container().get_or_create(context_id)
     args = unpack(ctx, origin, args)
     kwargs = unpack(ctx, origin, kwargs)
@@ -55,6 +89,12 @@ def _prepare(to, func, args, kwargs):
     ctx.drain_releases()  # see engine.py [Note: deferred release]
     me = container().worker_id
     dst = _worker_id(to)
+    # The callee creates the context even when no tensor requiring grad travels (its answer
+    # may carry one): it must be released there too.
+    with ctx.lock:
+        ctx.known_workers.add(dst)
+    if isinstance(func, torch.jit.ScriptFunction):
+        func = _ScriptTarget(func.qualified_name)
     packed_args, _ = pack(ctx, dst, tuple(args) if args is not None else ())
     packed_kwargs, _ = pack(ctx, dst, dict(kwargs) if kwargs is not None else {})
     return ctx, dst, (ctx.context_id, me, func, packed_args, packed_kwargs)
@@ -98,5 +138,22 @@ def _local_value(rref: rpc.RRef):
 def to_here(rref: rpc.RRef, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
     """Fetch an RRef's value; inside a context, tensors requiring grad come with recv functions."""
     if current_context() is None:
-        return rref.to_here(timeout) if timeout != UNSET_RPC_TIMEOUT else rref.to_here()
+        return _torch_to_here(rref, timeout)
     return rpc_sync(rref.owner(), _local_value, args=(rref,), timeout=timeout)
+
+
+_torch_to_here = PyRRef.to_here
+
+
+def _rref_to_here(self, timeout: float = UNSET_RPC_TIMEOUT):
+    """torch's ``RRef.to_here``, recording autograd inside a refimpl context."""
+    if current_context() is None:
+        return _torch_to_here(self, timeout)
+    return to_here(self, timeout)
+
+
+_rref_to_here.__doc__ = (_torch_to_here.__doc__ or "") + (
+    "\n\nInside a refimpl.distributed_autograd context the fetch records the autograd edge "
+    "(see refimpl/distributed_autograd/rpc.py [Note: torch's RRef.to_here])."
+)
+PyRRef.to_here = _rref_to_here

@@ -57,3 +57,37 @@ def test_lost_send_is_caught(session):
     assert "x@worker0" in message and "differ" in message and "repro: gradparity run" in message
     # the pool is still healthy afterwards
     assert driver.check(_get("dist_autograd/simple/w2/fp64"), "refimpl-dist-autograd", session).comparisons
+
+
+# -- issue 16: the failure classes torch's own dist_autograd tests found -------------------------
+ISSUE16 = {s.model: s for s in catalogue.all_scenarios() if s.area == "dist_autograd"
+           and s.model in ("rref-to-here", "sparse", "torchscript", "tensor-free", "shared-grad",
+                           "accumulate-hooks")}
+# scenario kind -> (known-bad implementation, text its failure must show)
+ISSUE16_MUTANTS = {
+    "rref-to-here": ("mutant_rref_detached", "x@worker0"),
+    "sparse": ("mutant_dense_sparse_grads", "gradient layout differs"),
+    "torchscript": ("mutant_pickles_script_target", "cannot be pickled"),
+    "tensor-free": ("mutant_forgets_tensor_free", "still hold contexts"),
+    "shared-grad": ("mutant_shares_buffers", "share one gradient buffer"),
+    "accumulate-hooks": ("mutant_skips_accumulate_hooks", "post hook on x's AccumulateGrad"),
+}
+
+
+def test_issue16_scenarios_each_have_a_known_bad_implementation():
+    assert set(ISSUE16) == set(ISSUE16_MUTANTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(ISSUE16))
+def test_torch_passes_issue16_scenarios(session, kind):
+    assert driver.check(ISSUE16[kind], "torch-dist-autograd", session).comparisons >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(ISSUE16))
+def test_issue16_known_bad_is_caught(session, kind):
+    mutant, expected = ISSUE16_MUTANTS[kind]
+    with pytest.raises(ConformanceError) as info:
+        driver.check(ISSUE16[kind], f"conformance.adapters.dist_autograd:{mutant}", session)
+    assert expected in str(info.value), str(info.value)[:2000]

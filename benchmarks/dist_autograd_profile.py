@@ -1,0 +1,142 @@
+"""Where refimpl's distributed backward spends its time on the 3-worker chain (CPU).
+
+    python benchmarks/dist_autograd_profile.py [--repeats 200]
+
+The chain of ``dist_autograd_latency.py`` (worker0 -> worker1 -> worker2 -> worker1 -> worker0,
+a linear + tanh per hop). On every worker the engine's stages are wrapped with timers (the
+wrappers add a few microseconds per call); worker0 also times the whole ``backward``. Printed
+per stage: total milliseconds per backward, summed over the workers, and calls per backward.
+Alongside, on the same workers and in the same run:
+
+- ``rpc no-op x2 hops``: the messaging floor: an ``async_execution`` no-op on worker1 that
+  forwards to worker2 (the shape of the backward's gradient messages, without graph work);
+- ``torch backward``: torch.distributed.autograd's backward of the same chain.
+
+Stages: ``walk`` (finding the leaves and recv nodes), ``autograd`` (torch.autograd.backward of
+the local part, hooks included), ``accumulate`` (own buffers + sum into the context),
+``dispatch`` (building and sending the gradient messages), ``receive`` (the callee entry point:
+lookup of the context and send functions), ``end-pass`` (sending the graph releases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dist_autograd_latency as lat  # noqa: E402
+
+TIMES: dict[str, list[float]] = defaultdict(list)
+
+
+def _wrap(module, name: str, stage: str) -> None:
+    fn = getattr(module, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TIMES[stage].append(time.perf_counter() - t0)
+
+    timed.__wrapped__ = fn
+    setattr(module, name, timed)
+
+
+def instrument() -> None:
+    from refimpl.distributed_autograd import context, engine
+
+    _wrap(engine, "_collect_leaves", "walk")
+    _wrap(engine.torch.autograd, "backward", "autograd")
+    _wrap(engine, "_own_buffers", "accumulate")
+    _wrap(context.DistAutogradContext, "accumulate", "accumulate")
+    _wrap(engine, "_dispatch", "dispatch")
+    _wrap(engine, "_end_pass_on", "end-pass")
+
+
+def reset() -> None:
+    TIMES.clear()
+
+
+def collect() -> dict[str, tuple[float, int]]:
+    return {k: (sum(v), len(v)) for k, v in TIMES.items()}
+
+
+def noop_leaf() -> int:
+    return 0
+
+
+@torch.distributed.rpc.functions.async_execution
+def noop_hop() -> torch.futures.Future:
+    return torch.distributed.rpc.rpc_async("worker2", noop_leaf)
+
+
+def _driver(repeats: int) -> None:
+    from torch.distributed import rpc
+
+    for r in range(3):
+        rpc.rpc_sync(f"worker{r}", lat._setup, args=(256, r))
+        rpc.rpc_sync(f"worker{r}", instrument)
+    x = torch.randn(32, 256, requires_grad=True)
+    for _ in range(20):
+        lat._chain_once("refimpl", x)
+        lat._chain_once("torch", x)
+    for r in range(3):
+        rpc.rpc_sync(f"worker{r}", reset)
+    whole, torch_whole, floor = [], [], []
+    for _ in range(repeats):
+        whole.append(lat._chain_once("refimpl", x))
+        torch_whole.append(lat._chain_once("torch", x))
+        t0 = time.perf_counter()
+        rpc.rpc_sync("worker1", noop_hop)
+        rpc.rpc_sync("worker1", noop_hop)
+        floor.append(time.perf_counter() - t0)
+    stages: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for r in range(3):
+        for stage, (total, calls) in rpc.rpc_sync(f"worker{r}", collect).items():
+            stages[stage][0] += total
+            stages[stage][1] += calls
+    ms = 1e3
+    print(f"refimpl backward median   {statistics.median(whole) * ms:8.3f} ms  (mean {statistics.mean(whole) * ms:.3f})")
+    print(f"torch backward median     {statistics.median(torch_whole) * ms:8.3f} ms")
+    print(f"rpc no-op x2 hops median  {statistics.median(floor) * ms:8.3f} ms")
+    print(f"{'stage (all workers)':<22}{'ms / backward':>14}{'calls / backward':>18}")
+    for stage, (total, calls) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
+        print(f"{stage:<22}{total / repeats * ms:>14.3f}{calls / repeats:>18.1f}")
+
+
+def _worker(rank, port, repeats):
+    torch.set_num_threads(1)
+    from torch.distributed import rpc
+
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://127.0.0.1:{port}", num_worker_threads=8, _transports=["uv"]
+    )
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=3, rpc_backend_options=options)
+    try:
+        if rank == 0:
+            _driver(repeats)
+    finally:
+        rpc.shutdown()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args(argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(port, args.repeats), nprocs=3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Capturing gradients during one local run of the distributed backward.
+
+[Note: capture by pre-hooks]
+A local run is a plain ``torch.autograd.backward`` over this worker's part of the graph. Its
+frontier has two kinds of nodes, and a pre-hook on each takes the gradient flowing into it:
+
+- ``AccumulateGrad`` of a leaf: the hook stores the gradient in the run's :class:`Capture` and
+  replaces it by ``None``, so that the node executes (its post hooks run, as under torch's
+  engine) but writes nothing to ``.grad`` (``AccumulateGrad`` ignores an undefined gradient);
+- ``RecvBackward`` of a received tensor: the hook stores the gradient, to be shipped to the
+  worker it came from.
+
+The run's capture is found through the autograd thread-local state that torch propagates to
+its device threads (``torch._C._stash_obj_in_tls``), so a hook on another thread's run, or on a
+plain local ``loss.backward()``, leaves the gradient alone. Leaf hooks are registered for the
+run only (several contexts may share a leaf concurrently: each run's hook sees only its own
+capture, and once one has taken the gradient the others see ``None``); recv hooks are
+registered once, when the tensor is received.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_TLS_KEY = "refimpl.distributed_autograd.capture"
+
+
+class Capture:
+    """Gradients taken during one local run: per leaf tensor, and per received tensor."""
+
+    __slots__ = ("context_id", "epoch", "leaves", "recvs")
+
+    def __init__(self, context_id: int, epoch: int) -> None:
+        self.context_id = context_id
+        self.epoch = epoch
+        self.leaves: dict[torch.Tensor, torch.Tensor] = {}
+        self.recvs: list[tuple[int, int, torch.Tensor]] = []  # (origin, send id, grad)
+
+
+def _current() -> Capture | None:
+    if torch._C._is_key_in_tls(_TLS_KEY):
+        return torch._C._get_obj_in_tls(_TLS_KEY)
+    return None
+
+
+class active:
+    """``with active(capture):`` — make ``capture`` the current thread's run capture."""
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+
+    def __enter__(self) -> Capture:
+        torch._C._stash_obj_in_tls(_TLS_KEY, self.capture)
+        return self.capture
+
+    def __exit__(self, *exc) -> None:
+        torch._C._remove_obj_from_tls(_TLS_KEY)
+
+
+def leaf_hook(leaf: torch.Tensor):
+    """A run's pre-hook for ``leaf``'s ``AccumulateGrad`` node: take the gradient, let the node
+    run empty."""
+
+    def hook(grad_outputs):
+        cap = _current()
+        grad = grad_outputs[0]
+        if cap is None or grad is None:
+            return None
+        previous = cap.leaves.get(leaf)
+        cap.leaves[leaf] = grad if previous is None else previous + grad
+        return (None,)
+
+    return hook
+
+
+def recv_hook(context_id: int, epoch: int, origin: int, send_id: int):
+    """The pre-hook of one ``RecvBackward`` node: take the gradient to ship to ``origin``.
+
+    It holds the node's identity as plain values, never the node (a node -> hook -> node cycle
+    through C++ would never be collected).
+    """
+
+    def hook(grad_outputs):
+        cap = _current()
+        grad = grad_outputs[0]
+        if cap is None or grad is None:
+            return None
+        if context_id != cap.context_id:
+            raise RuntimeError(
+                f"a tensor received in autograd context {context_id} is part of the graph of "
+                f"a backward in context {cap.context_id}"
+            )
+        if epoch != cap.epoch:
+            raise RuntimeError(
+                "Trying to backward through the distributed graph a second time: it was "
+                "released by a previous backward(retain_graph=False) in context "
+                f"{context_id}; pass retain_graph=True to the first backward"
+            )
+        cap.recvs.append((origin, send_id, grad))
+        return None
+
+    return hook

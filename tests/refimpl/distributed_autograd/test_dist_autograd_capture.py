@@ -1,0 +1,57 @@
+"""Gradient capture by pre-hooks and one buffer per leaf (no RPC needed)."""
+
+from __future__ import annotations
+
+import torch
+
+from refimpl.distributed_autograd import capture
+from refimpl.distributed_autograd.engine import _own_buffers
+
+
+def test_leaf_hook_takes_the_gradient_and_runs_post_hooks_without_writing_grad():
+    t = torch.rand(3, requires_grad=True)
+    a = t + t
+    node = a.grad_fn.next_functions[0][0]
+    calls = []
+    node.register_hook(lambda grad_inputs, grad_outputs: calls.append(1))
+    handle = node.register_prehook(capture.leaf_hook(t))
+    with capture.active(capture.Capture(context_id=7, epoch=0)) as cap:
+        torch.autograd.backward([a.sum()])
+    handle.remove()
+    assert t.grad is None, "the capture must not write .grad"
+    assert calls == [1], "post hooks of AccumulateGrad run once per run"
+    assert torch.equal(cap.leaves[t], torch.full((3,), 2.0))
+
+
+def test_leaf_hook_outside_a_run_leaves_plain_autograd_alone():
+    t = torch.rand(3, requires_grad=True)
+    a = t * 3
+    a.grad_fn.next_functions[0][0].register_prehook(capture.leaf_hook(t))
+    a.sum().backward()
+    assert torch.equal(t.grad, torch.full((3,), 3.0))
+
+
+def test_own_buffers_copies_shared_keeps_unshared():
+    g = torch.rand(2, 3)
+    alone = torch.rand(2, 3)
+    a, b, c = (torch.rand(2, 3, requires_grad=True) for _ in range(3))
+    out = _own_buffers({a: g, b: g, c: alone})
+    assert out[a].data_ptr() != out[b].data_ptr()
+    assert out[a].data_ptr() != g.data_ptr() and out[b].data_ptr() != g.data_ptr()
+    assert out[c].data_ptr() == alone.data_ptr(), "an unshared gradient is kept without a copy"
+    assert torch.equal(out[a], g) and torch.equal(out[b], g)
+
+
+def test_own_buffers_makes_dense_contiguous_and_keeps_sparse():
+    a, s = torch.rand(2, 3, requires_grad=True), torch.rand(3, requires_grad=True)
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))
+    out = _own_buffers({a: torch.ones(3, 2).t(), s: sparse})
+    assert out[a].is_contiguous() and out[s].is_sparse
+
+
+def test_torch_rref_to_here_is_refimpl_aware():
+    from torch._C._distributed_rpc import PyRRef
+
+    import refimpl.distributed_autograd.rpc as rpc_mod
+
+    assert PyRRef.to_here is rpc_mod._rref_to_here
