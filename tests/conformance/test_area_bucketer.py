@@ -34,7 +34,7 @@ def test_catalogue_covers_the_issue():
     assert any(must_be_immediate(over, c) for c in plan(over)) and not all(must_be_immediate(over, c) for c in plan(over))
     assert not any(must_be_immediate(s, c) for s in standard if s.options.bucket_cap_mb is None for c in plan(s))
     quick = catalogue.select(area="bucketer", profile="quick")
-    assert 1 <= len(quick) <= 4
+    assert 1 <= len(quick) <= 6
 
 
 def test_plans_and_data_are_deterministic_integers():
@@ -122,3 +122,59 @@ def test_immediate_rule_is_checked(session):
     spec = "conformance.fixtures.mutants.bucketer:reversed_order"  # defers everything
     with pytest.raises(ConformanceError, match="must be reduced before its call returns"):
         driver.check(_get(OVERSIZED), spec, session)
+
+
+# -- meta: the judge on hand-built records (no processes) -------------------------------------------
+def _records(scenario):
+    """Records of a correct bucketer that reduces every input at once (allowed for any input)."""
+    calls = plan(scenario)
+    records = {}
+    for rank in range(scenario.world_size):
+        rounds = []
+        for round_ in range(scenario.steps):
+            log, after = [], {}
+            for i, call in enumerate(calls):
+                log.append(("enter", i))
+                if call.callback:
+                    value = driver.expected_result(scenario, round_, rank, i, call)
+                    log.append(("callback", i, value))
+                    after[i] = [value.clone()]
+                log.append(("return", i))
+            log += [("flush",), ("flushed",)]
+            rounds.append({"log": log, "after_flush": after})
+        records[rank] = {"rounds": rounds, "error": None}
+    return records
+
+
+def _first_callback(records, rank=1):
+    log = records[rank]["rounds"][0]["log"]
+    return log, next(p for p, e in enumerate(log) if e[0] == "callback")
+
+
+def test_judge_passes_the_correct_records():
+    assert driver.judge(_get(MIXED), "meta", _records(_get(MIXED))).comparisons > 10
+
+
+@pytest.mark.parametrize("change, needle", [
+    ("one-element", "is not the sum over ranks of chunk"),
+    ("one-callback-missing", "never ran by the end of flush()"),
+    ("one-callback-twice", "ran a second time"),
+    ("one-result-changed-later", "changed after a later flush"),
+])
+def test_judge_fails_on_one_element_or_one_callback(change, needle):
+    records = _records(_get(MIXED))
+    log, pos = _first_callback(records)
+    i = log[pos][1]
+    if change == "one-element":
+        value = log[pos][2].clone()
+        value.view(-1)[0] += 1
+        log[pos] = ("callback", i, value)
+    elif change == "one-callback-missing":
+        del log[pos]
+    elif change == "one-callback-twice":
+        log.insert(pos + 1, log[pos])
+    else:
+        records[1]["rounds"][0]["after_flush"][i][0].view(-1)[0] += 1
+    with pytest.raises(ConformanceError, match=needle) as info:
+        driver.judge(_get(MIXED), "meta", records)
+    assert "rank 1" in str(info.value)
