@@ -69,6 +69,9 @@ KIND_CLAUSES = {
     "sent-twice": ("A2",), "fan-out": ("A2",), "unused-leaf": ("A4",), "unused-arg": ("A4",),
     "unused-result": ("A4",), "retain-graph": ("A5",), "multi-roots": ("A6",), "remote-error": ("A8",),
     "structures": ("A9",), "async": ("A10",), "chain": ("A11",), "remote-params": ("A11",), "round-trip": ("A11",),
+    # issue 16's scenarios
+    "rref-to-here": ("A12",), "sparse": ("A13",), "torchscript": ("A14",), "tensor-free": ("A15",),
+    "shared-grad": ("A16",), "accumulate-hooks": ("A17",),
 }
 CLAUSE_SCENARIOS = [
     make("async", 3, STANDARD, seed=2, description="two rpc_async calls in flight at once (A10 in standard)")
