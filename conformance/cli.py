@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args) -> list[str]:
     """Every check that can refuse bad input does so here, before pytest or any rank starts."""
+    check_report_dir(args.report_dir)  # the cheap checks first: no adapter needs importing for them
+    for path in args.xfails + args.skips:
+        check_expectations_file(path)
     specs = list(args.adapter) + [registry.ddp_class_spec(ref) for ref in args.ddp_class]
     adapters = {}
     for spec in specs or registry.DEFAULT_ADAPTERS:
@@ -88,9 +91,6 @@ def _validate(args) -> list[str]:
         if unknown:
             raise UsageError(f"unknown scenario {unknown[0]!r}; see `gradparity list`")
     check_world_sizes(args.profile, args.world_size, adapters, args.device, ids=args.scenario)
-    for path in args.xfails + args.skips:
-        check_expectations_file(path)
-    check_report_dir(args.report_dir)
     return specs
 
 

@@ -26,12 +26,22 @@ def check_profile(profile: str) -> None:
 
 def check_report_dir(path: str) -> None:
     """The report directory must be creatable and writable now, not after an hour of running."""
+    created, parent = [], os.path.abspath(path)
+    while not os.path.exists(parent):
+        created.append(parent)
+        parent = os.path.dirname(parent)
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".gradparity-write-check-"):
             pass
     except OSError as exc:
         raise UsageError(f"cannot write reports to {path!r} ({exc.strerror or exc}); pass a writable --report-dir") from None
+    finally:
+        for directory in created:  # leave no trace: the run creates it again when it writes
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
 
 
 def check_expectations_file(path: str) -> None:

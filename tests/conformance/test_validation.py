@@ -55,8 +55,10 @@ def test_declared_capabilities_are_taken_at_their_word():
 
 
 def test_report_dir_must_be_writable(tmp_path):
-    check_report_dir(str(tmp_path / "new"))
-    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())
+    check_report_dir(str(tmp_path / "new" / "dir"))
+    assert not (tmp_path / "new").exists()  # checked, and no trace left
+    check_report_dir(str(tmp_path))
+    assert not list(tmp_path.iterdir())
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(UsageError, match="cannot write reports"):
