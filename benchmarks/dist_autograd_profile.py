@@ -14,8 +14,10 @@ Alongside, on the same workers and in the same run:
 
 Stages: ``walk`` (finding the leaves and recv nodes), ``autograd`` (torch.autograd.backward of
 the local part, hooks included), ``accumulate`` (own buffers + sum into the context),
-``dispatch`` (building and sending the gradient messages), ``receive`` (the callee entry point:
-lookup of the context and send functions), ``end-pass`` (sending the graph releases).
+``dispatch`` (building and sending the gradient messages, not waiting), ``end-pass`` (sending
+the graph releases), ``local run`` (a whole local run: walk, hook registration, autograd,
+accumulate). What the stages do not cover is messaging: serialization, the agent's threads
+and the futures' callbacks.
 """
 
 from __future__ import annotations
@@ -52,12 +54,14 @@ def _wrap(module, name: str, stage: str) -> None:
 
 
 def instrument() -> None:
-    from refimpl.distributed_autograd import context, engine
+    from refimpl.distributed_autograd import engine
+    from refimpl.distributed_autograd.context import DistAutogradContext
 
     _wrap(engine, "_collect_leaves", "walk")
     _wrap(engine.torch.autograd, "backward", "autograd")
     _wrap(engine, "_own_buffers", "accumulate")
-    _wrap(context.DistAutogradContext, "accumulate", "accumulate")
+    _wrap(DistAutogradContext, "accumulate", "accumulate")
+    _wrap(engine, "_run_local", "local run (all above + hooks)")
     _wrap(engine, "_dispatch", "dispatch")
     _wrap(engine, "_end_pass_on", "end-pass")
 

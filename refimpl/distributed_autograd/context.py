@@ -51,8 +51,9 @@ class DistAutogradContext:
     # Bumped when a backward with retain_graph=False ends: recv nodes created before it are
     # then stale (their send functions were released on the other side).
     graph_epoch: int = 0
-    # Futures of graph releases sent to other workers after a backward (not waited on the
-    # backward's critical path; drained before the next RPC, backward or exit of the context).
+    # Workers whose part of the graph a finished backward(retain_graph=False) released here but
+    # not yet there: told before this context sends anything again (next RPC or backward), and
+    # not at all when the context exits first (see engine.py [Note: deferred release]).
     pending_releases: list = field(default_factory=list)
     _send_ids: Iterator[int] = field(default_factory=itertools.count)
 
@@ -65,10 +66,18 @@ class DistAutogradContext:
             return set(self.known_workers)
 
     def drain_releases(self) -> None:
+        """Tell the workers of ``pending_releases`` to drop this context's graph; wait for them."""
         with self.lock:
             pending, self.pending_releases = self.pending_releases, []
+        if not pending:
+            return
+        from torch.distributed import rpc
+
+        from .engine import _end_pass
+
+        futs = [(w, rpc.rpc_async(w, _end_pass, args=(self.context_id,))) for w in pending]
         errors = []
-        for worker, fut in pending:
+        for worker, fut in futs:
             try:
                 fut.wait()
             except Exception as exc:

@@ -193,10 +193,10 @@ def _dispatch(ctx: DistAutogradContext, me: int, outbound, retain_graph: bool):
         for dst in dsts
     ]
 
-    def combine(all_done: torch.futures.Future) -> _Result:
+    def combine(done_futs) -> _Result:
         reached = {me}
         error = None
-        for dst, fut in zip(dsts, all_done.value(), strict=True):
+        for dst, fut in zip(dsts, done_futs, strict=True):
             try:
                 result = fut.value()
             except Exception as exc:  # transport failure: dead worker, timeout
@@ -209,7 +209,9 @@ def _dispatch(ctx: DistAutogradContext, me: int, outbound, retain_graph: bool):
         reached = frozenset(reached)
         return ("err", *error, reached) if error else ("ok", reached)
 
-    return torch.futures.collect_all(futs).then(combine)
+    if len(futs) == 1:  # the common case (a chain): no collect_all future in between
+        return futs[0].then(lambda done: combine([done]))
+    return torch.futures.collect_all(futs).then(lambda all_done: combine(all_done.value()))
 
 
 # RPC entry points --------------------------------------------------------------------------------
@@ -301,16 +303,17 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
 
 
 def _end_pass_on(ctx: DistAutogradContext, workers, me: int) -> None:
-    """Release the graph of the pass here and, asynchronously, on the other reached workers.
+    """Release the graph of the pass here now, and on the other reached workers later.
 
-    [Note: deferred release] The remote releases are not awaited on the backward's critical
-    path; their futures are drained before this context sends anything again (next RPC,
-    backward, or exit), so a release can never clear send functions of a later forward.
+    [Note: deferred release] Telling the other workers costs one message each; it is not paid
+    on the backward's critical path. The workers are remembered and told before this context
+    sends anything again (next RPC or backward: so a release can never clear send functions of
+    a later forward); when the context exits first, the context release drops everything there
+    anyway and the messages are never sent (the common case: one backward per context).
     """
-    futs = [(w, rpc.rpc_async(w, _end_pass, args=(ctx.context_id,))) for w in workers if w != me]
     ctx.release_graph()
     with ctx.lock:
-        ctx.pending_releases.extend(futs)
+        ctx.pending_releases.extend(w for w in workers if w != me)
 
 
 def release_context(context_id: int) -> None:
@@ -319,8 +322,8 @@ def release_context(context_id: int) -> None:
     ctx = cont.pop(context_id)
     if ctx is None:
         return
-    ctx.drain_releases()
     with ctx.lock:
+        ctx.pending_releases.clear()  # the context release below drops those graphs too
         targets = [w for w in ctx.known_workers if w != cont.worker_id]
     ctx.release_graph()
     futs = [rpc.rpc_async(w, _release, args=(context_id, cont.worker_id)) for w in targets]
