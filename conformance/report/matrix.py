@@ -19,6 +19,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("uneven data", ("uneven",)),
     ("precision & hooks", ("fp16-params", "bf16-params", "fp64-params", "hook-")),
     ("training loop", ("set-to-none", "zero-grad", "long", "skew", "buffer-order", "powersgd")),
+    ("production training", ("join", "autocast", "grad-scaler", "ckpt", "compile", "clip-grad-norm",
+                             "requires-grad-toggle", "checkpoint-round-trip", "determinism")),
     ("sweeps", ("sweep-",)),
 )
 VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped")
