@@ -84,8 +84,10 @@ def test_torch_passes_issue16_scenarios(session, kind):
     assert driver.check(ISSUE16[kind], "torch-dist-autograd", session).comparisons >= 3
 
 
+# tensor-free last: its known-bad implementation leaks a context for good on worker2 of the
+# module's w3 pool, so any later w3 case on that pool would fail the cleanup check.
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", sorted(ISSUE16))
+@pytest.mark.parametrize("kind", sorted(ISSUE16, key=lambda k: (k == "tensor-free", k)))
 def test_issue16_known_bad_is_caught(session, kind):
     mutant, expected = ISSUE16_MUTANTS[kind]
     with pytest.raises(ConformanceError) as info:
