@@ -3,7 +3,7 @@
 [Note: loopback]
 A local pool has no reason to be reachable from another machine, yet torch's defaults make it
 so: `TCPStore(host, ...)` as master listens on every interface whatever `host` says (torch
-2.13), and gloo and TensorPipe bind the address the machine's hostname resolves to (a LAN
+2.13, pytorch/pytorch#173909), and gloo and TensorPipe bind the address the hostname resolves to (a LAN
 address on many CI hosts). The pool therefore
 - rendezvouses through a `FileStore` in its private (0700) temp dir: no socket at all;
 - pins gloo (`GLOO_SOCKET_IFNAME`) and TensorPipe (`TP_SOCKET_IFNAME`) to the loopback
