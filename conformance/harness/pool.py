@@ -43,6 +43,7 @@ STALL_S = float(os.environ.get("GRADPARITY_STALL_S", "10"))  # no CPU used by an
 HARD_CAP = 10.0  # a busy task is given at most this many times its budget
 MIN_PROGRESS_RATE = 0.03  # CPU seconds per second (all ranks together) that count as progress
 POLL_S = 0.5
+STACK_WAIT_S = 5.0  # how long hung ranks get to write their stacks after SIGUSR1
 
 
 class PoolState(enum.Enum):
@@ -273,10 +274,16 @@ class RankPool:
                     os.kill(proc.pid, STACK_SIGNAL)
                 except ProcessLookupError:
                     pass
-        time.sleep(0.5)
+        # A loaded machine may take a while to schedule the handler: wait for the files (up to
+        # STACK_WAIT_S), not a fixed nap that is too short exactly when stacks matter most.
+        paths = {rank: os.path.join(self._workdir or "", f"rank{rank}.stack") for rank in ranks}
+        deadline = time.monotonic() + STACK_WAIT_S
+        alive = [paths[r] for r in ranks if self._procs[r].is_alive()]
+        while time.monotonic() < deadline and not all(_size(p) > 0 for p in alive):
+            time.sleep(0.1)
+        time.sleep(0.1)  # let a dump that has started finish
         stacks = {}
-        for rank in ranks:
-            path = os.path.join(self._workdir or "", f"rank{rank}.stack")
+        for rank, path in paths.items():
             try:
                 with open(path) as fh:
                     stacks[rank] = fh.read()[-6000:] or "(no stack: the process did not answer SIGUSR1)"
@@ -307,6 +314,13 @@ class RankPool:
         if self._workdir and not os.environ.get("GRADPARITY_KEEP_LOGS"):
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._workdir = None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _describe_exit(code: int | None) -> str:
