@@ -54,8 +54,9 @@ _Result = tuple
 # roots ------------------------------------------------------------------------------------------
 def validate_roots(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if roots is None or isinstance(roots, torch.Tensor):
-        raise TypeError(
-            f"roots must be a list of scalar tensors, got {type(roots).__name__}; pass e.g. [loss]"
+        raise TypeError(  # "incompatible function arguments": torch's (pybind11's) wording
+            "backward(): incompatible function arguments: roots must be a list of scalar "
+            f"tensors, got {type(roots).__name__}; pass e.g. [loss]"
         )
     roots = list(roots)
     if not roots:
@@ -275,7 +276,10 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
     ...")`` here.
     """
     if not isinstance(context_id, int) or isinstance(context_id, bool):
-        raise TypeError(f"context_id must be an int, got {type(context_id).__name__}")
+        raise TypeError(
+            "backward(): incompatible function arguments: context_id must be an int, got "
+            f"{type(context_id).__name__}"
+        )
     cont = container()
     ctx = cont.retrieve(context_id)
     roots = validate_roots(roots)
