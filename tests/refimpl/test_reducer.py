@@ -34,8 +34,6 @@ def net():
 def test_unsupported_keywords_are_rejected_before_anything_else():
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         DDP(net(), bogus=1)
-    with pytest.raises(ValueError, match="does not support mixed_precision"):
-        DDP(net(), mixed_precision=object())
     with pytest.raises(ValueError, match="does not support skip_all_reduce_unused_params"):
         DDP(net(), skip_all_reduce_unused_params=True)
 
