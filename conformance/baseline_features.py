@@ -40,7 +40,7 @@ def compute(scenario: Scenario, semantics=None) -> Baseline:
     """Torch DDP's semantics only: declared deviations are not modelled with these features."""
     deviations = semantics.deviations() if semantics is not None else []
     if deviations:
-        raise NotImplementedError(
+        raise ValueError(
             f"scenario {scenario.id}: the production-training oracle models torch DDP's semantics only; "
             f"this adapter declares {deviations}"
         )

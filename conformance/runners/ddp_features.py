@@ -71,7 +71,7 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
     from conformance.adapters.protocol import owned
 
     if owned(adapter):  # this loop steps its own optimizer: running it here would test something else
-        raise NotImplementedError(
+        raise ValueError(
             f"{adapter.name} owns {sorted(owned(adapter))} (protocol v2): the production-training loop does not "
             "drive engine-owned optimizers/backward; skip these scenarios in the adapter's unavailable()"
         )
