@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from conformance.fixtures.data import build_model, loss_fn, make_inputs, make_optimizer
+from conformance.models.data import build_model, loss_fn, make_inputs, make_optimizer
 from conformance.semantics import (
     TORCH_DDP,
     Accumulation,

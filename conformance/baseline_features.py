@@ -32,7 +32,7 @@ from conformance.features import (
     model_kwargs,
     optimizer,
 )
-from conformance.fixtures.data import build_model, loss_fn
+from conformance.models.data import build_model, loss_fn
 from conformance.spec import Scenario
 
 

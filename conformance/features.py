@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from conformance.fixtures.data import DTYPES, make_inputs, make_optimizer
+from conformance.models.data import DTYPES, make_inputs, make_optimizer
 from conformance.spec import Scenario
 
 

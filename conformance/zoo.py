@@ -2,8 +2,8 @@
 
 Runs every scenario of a profile of one area against the controls (DDP: torch's DDP, the
 zoo's correct base `BucketedDDP`, refimpl's DDP; other areas: the built-in adapters and the
-area's correct base, `conformance.fixtures.mutants.<area>:correct`) and against every mutant
-of the area's zoo (`conformance.fixtures.mutants.area_zoo`), then builds the detection table
+area's correct base, `conformance.mutants.<area>:correct`) and against every mutant
+of the area's zoo (`conformance.mutants.area_zoo`), then builds the detection table
 (mutant -> the scenarios that catch it) and the clause x mutant table.
 
 Cases run through each area's own `check` (the same warm rank pools, rank task and judge as
@@ -36,12 +36,12 @@ import threading
 import time
 
 from conformance import catalogue
+from conformance import mutants as zoo_mutants
 from conformance.adapters import registry
 from conformance.adapters.protocol import missing_capabilities
 from conformance.compare import ConformanceError
 from conformance.expectations import builtin_xfails, read_expectations
 from conformance.failure import FailureClass, classify_exception
-from conformance.fixtures import mutants as zoo_mutants
 from conformance.report.record import case_id, case_record, one_line
 from conformance.spec import Scenario
 
@@ -402,7 +402,7 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
     def progress(done, total, r):
         mark = {"passed": "✓", "failed": "✗", "error": "E", "xfailed": "x", "xpassed": "!"}.get(r["verdict"], "?")
         fired = f" fired={r['fired']}" if r["fired"] else ""
-        who = r["adapter"].removeprefix("ddp-class=").removeprefix("conformance.fixtures.mutants.")
+        who = r["adapter"].removeprefix("ddp-class=").removeprefix("conformance.mutants.")
         console.print(f"[{done:>3}/{total}] {mark} {who} | {_short(r['scenario'])} {r['kind']}{fired} "
                       f"({r['duration_s']:.1f}s)", highlight=False)
 

@@ -18,7 +18,7 @@ The protocol (FairScale's `ReduceScatterBucketer` interface)::
 Built-ins: ``refimpl-bucketer`` and ``fairscale-bucketer`` (FairScale 0.4.13, an optional
 extra: ``pip install 'gradparity[fairscale]'`` or ``pip install fairscale==0.4.13 --no-deps``;
 when it cannot be imported every scenario is skipped with the import error).
-Known-bad bucketers live in the zoo: `conformance.fixtures.mutants.bucketer`.
+Known-bad bucketers live in the zoo: `conformance.mutants.bucketer`.
 """
 
 from __future__ import annotations

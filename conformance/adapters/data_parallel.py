@@ -12,7 +12,7 @@ The protocol is one call, `torch.nn.parallel.data_parallel`'s signature::
 
 `inputs` is the tuple of positional arguments; after the call and a backward through the
 returned output, the *original* module's `.grad`s must hold the full batch's gradients.
-Known-bad implementations live in the zoo: `conformance.fixtures.mutants.data_parallel`.
+Known-bad implementations live in the zoo: `conformance.mutants.data_parallel`.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ class OptimizerSpec:
     name: str  # "sgd" | "adam" | "none"
 
     def build(self, params) -> object | None:
-        from conformance.fixtures.data import make_optimizer
+        from conformance.models.data import make_optimizer
 
         return make_optimizer(self.name, params)
 
@@ -106,7 +106,7 @@ class OptimizerSpec:
 
     @property
     def hyperparameters(self) -> dict:
-        from conformance.fixtures.data import OPTIMIZER_SETTINGS
+        from conformance.models.data import OPTIMIZER_SETTINGS
 
         return dict(OPTIMIZER_SETTINGS.get(self.name, {}))
 

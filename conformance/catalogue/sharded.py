@@ -52,7 +52,7 @@ def applies(s: Scenario) -> bool:
 
 def _padded(s: Scenario) -> bool:
     """Whether some parameter's size is not a multiple of the world size (a padded shard)."""
-    from conformance.fixtures.data import build_model
+    from conformance.models.data import build_model
 
     if s.world_size == 1:
         return False

@@ -27,8 +27,8 @@ import torch
 from conformance.compare import ConformanceError, Mismatch, compare_dicts, failure_message
 from conformance.contract import Checked, repro_command
 from conformance.failure import ImplementationRaised
-from conformance.fixtures.data import make_optimizer
-from conformance.fixtures.dp_models import (
+from conformance.models.data import make_optimizer
+from conformance.models.data_parallel import (
     DP_MODELS,
     build,
     flatten_output,

@@ -17,7 +17,7 @@ import torch
 
 from conformance.adapters import registry
 from conformance.adapters.protocol import OptimizerSpec, owned
-from conformance.fixtures.data import build_model, loss_fn, make_inputs, make_optimizer
+from conformance.models.data import build_model, loss_fn, make_inputs, make_optimizer
 from conformance.spec import Expect, Scenario
 
 SKEW_S = 0.25  # how long the last rank sleeps in rank-skewed scenarios (never judged as time)

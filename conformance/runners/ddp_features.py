@@ -21,7 +21,7 @@ import torch
 from conformance.adapters import registry
 from conformance.features import Features, apply_requires_grad, autocast, inputs, model_kwargs
 from conformance.features import optimizer as make_optimizer
-from conformance.fixtures.data import build_model, loss_fn
+from conformance.models.data import build_model, loss_fn
 from conformance.spec import Expect, Scenario
 
 _COMPILED_PREFIX = "_orig_mod."

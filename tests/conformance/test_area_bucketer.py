@@ -9,7 +9,7 @@ from conformance import catalogue
 from conformance.adapters.bucketer import FairScaleBucketer
 from conformance.catalogue.bucketer import chunk, must_be_immediate, plan, shard_elements
 from conformance.compare import ConformanceError
-from conformance.fixtures.mutants import bucketer as zoo
+from conformance.mutants import bucketer as zoo
 from conformance.runners import bucketer as driver
 
 
@@ -102,7 +102,7 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_broken_bucketers_are_caught_where_they_fire(session, name):
     scenario_id, needle = CAUGHT[name]
-    spec = f"conformance.fixtures.mutants.bucketer:{name.replace('-', '_')}"
+    spec = f"conformance.mutants.bucketer:{name.replace('-', '_')}"
     with pytest.raises(ConformanceError) as info:
         driver.check(_get(scenario_id), spec, session)
     message = str(info.value)
@@ -113,13 +113,13 @@ def test_broken_bucketers_are_caught_where_they_fire(session, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario_id", [MIXED, FORMS, GROUPS])
 def test_the_zoo_base_passes_through_the_same_path(session, scenario_id):
-    assert driver.check(_get(scenario_id), "conformance.fixtures.mutants.bucketer:correct", session).comparisons > 10
+    assert driver.check(_get(scenario_id), "conformance.mutants.bucketer:correct", session).comparisons > 10
 
 
 @pytest.mark.slow
 def test_immediate_rule_is_checked(session):
     """A bucketer that defers even oversized inputs to flush() breaks the documented order."""
-    spec = "conformance.fixtures.mutants.bucketer:reversed_order"  # defers everything
+    spec = "conformance.mutants.bucketer:reversed_order"  # defers everything
     with pytest.raises(ConformanceError, match="must be reduced before its call returns"):
         driver.check(_get(OVERSIZED), spec, session)
 

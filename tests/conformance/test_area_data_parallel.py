@@ -11,7 +11,7 @@ from conformance.adapters import registry
 from conformance.compare import ConformanceError
 from conformance.runners import data_parallel as driver
 
-MUTANTS = "conformance.fixtures.mutants.data_parallel:"
+MUTANTS = "conformance.mutants.data_parallel:"
 
 
 def _get(scenario_id):
@@ -59,7 +59,7 @@ CAUGHT = {
 
 
 def test_every_clause_has_a_mutant_and_a_scenario():
-    from conformance.fixtures.mutants import data_parallel as zoo
+    from conformance.mutants import data_parallel as zoo
 
     assert set(CAUGHT) == set(zoo.MUTANTS)
     clauses = {c for s in catalogue.select(area="data_parallel", profile="standard") for c in s.clauses}

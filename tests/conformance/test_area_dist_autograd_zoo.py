@@ -8,10 +8,10 @@ import torch
 
 from conformance import catalogue
 from conformance.compare import ConformanceError
-from conformance.fixtures.mutants import dist_autograd as zoo
+from conformance.mutants import dist_autograd as zoo
 from conformance.runners import dist_autograd as driver
 
-PREFIX = "conformance.fixtures.mutants.dist_autograd:"
+PREFIX = "conformance.mutants.dist_autograd:"
 
 
 def _get(scenario_id):

@@ -63,7 +63,7 @@ def test_fsdp_zero_filled_grads_are_reported(session):
 
 # -- the zoo: one known-bad engine per clause of docs/contracts/sharded.md ---------------------------
 def test_every_clause_has_a_mutant_and_a_scenario():
-    from conformance.fixtures.mutants import sharded as zoo
+    from conformance.mutants import sharded as zoo
 
     standard = catalogue.select(area="sharded", profile="standard")
     clauses = {c for s in standard for c in s.clauses}
@@ -84,7 +84,7 @@ CAUGHT = {
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_broken_engines_are_caught_where_they_fire(session, name):
     scenario_id, needle = CAUGHT[name]
-    spec = f"conformance.fixtures.mutants.sharded:{name.replace('-', '_')}"
+    spec = f"conformance.mutants.sharded:{name.replace('-', '_')}"
     with pytest.raises(ConformanceError) as info:
         driver.check(_get(scenario_id), spec, session)
     message = str(info.value)
@@ -96,7 +96,7 @@ def test_broken_engines_are_caught_where_they_fire(session, name):
 @pytest.mark.slow
 def test_the_zoo_base_passes_through_the_same_path(session):
     for scenario_id in {s for s, _ in CAUGHT.values()}:
-        checked = driver.check(_get(scenario_id), "conformance.fixtures.mutants.sharded:correct", session)
+        checked = driver.check(_get(scenario_id), "conformance.mutants.sharded:correct", session)
         assert checked.comparisons > 5
         assert all(s["mutation_fired"] == 0 for s in checked.details["backward_stats"].values())
 

@@ -3,7 +3,7 @@
 import torch
 
 from conformance import baseline
-from conformance.fixtures.data import build_model, loss_fn, make_inputs
+from conformance.models.data import build_model, loss_fn, make_inputs
 from conformance.spec import Scenario, WrapOptions
 
 

@@ -12,10 +12,9 @@ import json
 import pytest
 from rich.console import Console
 
-from conformance import zoo
+from conformance import mutants, zoo
 from conformance.adapters import registry
-from conformance.fixtures import mutants
-from conformance.fixtures.mutants.base import BucketedDDP
+from conformance.mutants.base import BucketedDDP
 
 # The scenarios that must be among each mutant's catchers on the quick profile: the one a
 # reader would name for the bug. (Others catch several mutants too; they are not pinned.)
