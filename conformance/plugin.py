@@ -106,6 +106,9 @@ def pytest_configure(config):
             check_expectations_file(path)
         if config.getoption("gradparity_report_dir") and not hasattr(config, "workerinput"):
             check_report_dir(config.getoption("gradparity_report_dir"))
+            from conformance.report import start_run
+
+            start_run(config.getoption("gradparity_report_dir"))  # one run per directory: the last one's files go now
     except UsageError as exc:
         _usage_error(str(exc))
     config._gradparity = Session(config, specs, config.getoption("timeout_scale"))
@@ -231,14 +234,19 @@ def pytest_runtest_makereport(item, call):
         verdict = failure.failure_class.verdict
     elif report.failed and "XPASS(strict)" in str(report.longrepr):
         verdict = "xpassed"
-    message = ""
-    if report.failed:
-        message = _short_failure(report, call)
+    message, xfail_reason = "", getattr(report, "wasxfail", "") or _strict_xpass_reason(item)
+    if report.failed or (verdict == "xfailed" and call.excinfo is not None):
+        message = _short_failure(report, call)  # for an xfail: the error actually seen, beside its reason
     elif report.skipped:
-        message = getattr(report, "wasxfail", "") or (report.longrepr[2] if isinstance(report.longrepr, tuple) else "")
+        message = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
     record = case_record(spec, scenario, verdict=verdict, message=message, duration_s=report.duration, checked=details,
-                         failure=failure)
+                         failure=failure, xfail_reason=xfail_reason if verdict in ("xfailed", "xpassed") else "")
     report.user_properties.append(("gradparity", record))
+
+
+def _strict_xpass_reason(item) -> str:
+    mark = item.get_closest_marker("xfail")
+    return str(mark.kwargs.get("reason", "")) if mark is not None else ""
 
 
 def _classify(report, call):

@@ -68,7 +68,10 @@ def render(reports: list[dict], timings: dict | None = None) -> str:
     for r in results:
         if r["verdict"] in ("xfailed", "failed", "xpassed"):
             kind = {"xfailed": "expected failure", "failed": "UNEXPECTED FAILURE", "xpassed": "UNEXPECTED PASS"}[r["verdict"]]
-            findings[(r["adapter"], f"{kind}: {_first_line(r['message'])[:300]}")].append(r["scenario"])
+            # an expected failure is listed by why it is expected (its xfail entry); reports of
+            # schema 2 kept the reason in `message`
+            why = r.get("xfail_reason") or r["message"] if r["verdict"] == "xfailed" else r["message"]
+            findings[(r["adapter"], f"{kind}: {_first_line(why)[:300]}")].append(r["scenario"])
     for (adapter, what), scenarios in sorted(findings.items()):
         lines.append(f"- **{adapter}** — {what} ({len(scenarios)} case{'s' if len(scenarios) > 1 else ''}: "
                      + ", ".join(f"`{s}`" for s in sorted(scenarios)[:4]) + (" …" if len(scenarios) > 4 else "") + ")")

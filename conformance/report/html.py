@@ -8,6 +8,7 @@ backward stats (when each bucket's collective was launched and finished during b
 from __future__ import annotations
 
 import html
+import os
 from collections import defaultdict
 
 from conformance.report.record import one_line
@@ -185,6 +186,8 @@ world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 
 
 def write_html(path: str, report: dict) -> str:
-    with open(path, "w") as fh:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
         fh.write(render(report))
+    os.replace(tmp, path)
     return path

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 from collections import Counter
 
-SCHEMA = "gradparity.report/2"  # 2: every non-pass carries `failure_class` and a one-line `cause`
+# 2: every non-pass carries `failure_class` and a one-line `cause`.
+# 3: provenance (`run.command`, `run.launcher`, `suite.commit`, `run_info`); an xfailed case's
+#    `message` is the error actually seen and `xfail_reason` why it is expected.
+SCHEMA = "gradparity.report/3"
 VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 FAILURE_CLASSES = ("wrong value", "raised", "crashed", "hung", "infrastructure")
 
 
 def _adapter_info(spec: str) -> dict:
     from conformance.adapters import registry
+    from conformance.report.run_info import adapter_version
 
     try:
         adapter = registry.load(spec)
         semantics = getattr(adapter, "semantics", None)
-        return {"spec": spec, "name": adapter.name, "version": str(getattr(adapter, "version", "unknown")),
+        return {"spec": spec, "name": adapter.name, "version": adapter_version(spec, adapter),
                 "area": adapter.area, "capabilities": sorted(c.value for c in adapter.capabilities),
                 "owns": sorted(getattr(adapter, "owns", ()) or ()),
                 "semantics": semantics.deviations() if semantics is not None else [],
@@ -27,19 +32,30 @@ def _adapter_info(spec: str) -> dict:
         return {"spec": spec, "name": spec, "version": "unknown", "error": str(exc)}
 
 
-def build_report(results: list[dict], *, adapters: list[str], config=None, profile: str | None = None) -> dict:
+def build_report(results: list[dict], *, adapters: list[str], config=None, profile: str | None = None,
+                 run_info: dict | None = None) -> dict:
+    """The report document. `run_info` (`run_info.collect()`) is collected here when not given;
+    its backend/device/profile are filled from the results where the front end left them out."""
     import torch
 
-    import conformance
+    from conformance.report import run_info as provenance
 
     option = (lambda name, default=None: config.getoption(name)) if config is not None else (lambda name, default=None: default)
     devices = sorted({r["device"] for r in results})
     counts = Counter(r["verdict"] for r in results)
     classes = Counter(r.get("failure_class") for r in results if r["verdict"] in ("failed", "error", "xfailed"))
     backends = sorted({"gloo" if d == "cpu" else ("nccl" if torch.cuda.device_count() > 1 else "gloo") for d in devices})
+    profile = profile or option("profile", "quick")
+    info = dict(run_info) if run_info is not None else provenance.collect(adapters=adapters)
+    info["profile"] = info.get("profile") or profile
+    info["backend"] = info.get("backend") or ", ".join(backends)
+    info["device"] = info.get("device") or ", ".join(devices)
+    info.setdefault("adapters", list(adapters))
+    suite = provenance.suite_provenance()
     return {
         "schema": SCHEMA,
-        "suite": {"name": "gradparity", "version": conformance.__version__},
+        "suite": {"name": "gradparity", "version": suite["version"], "commit": info.get("commit", suite["commit"]),
+                  "commit_source": info.get("commit_source", suite["commit_source"]), "dirty": info.get("dirty", suite["dirty"])},
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "environment": {
             "torch": torch.__version__,
@@ -48,12 +64,15 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
             "cuda_available": torch.cuda.is_available(),
         },
         "run": {
-            "profile": profile or option("profile", "quick"),
+            "command": info.get("command"),
+            "launcher": info.get("launcher"),
+            "profile": profile,
             "device": devices,
             "backends": backends,
             "world_sizes": sorted({r["world_size"] for r in results}),
             "seeds": sorted({r["seed"] for r in results}),
         },
+        "run_info": info,
         "adapters": [_adapter_info(spec) for spec in adapters],
         "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)}
         | {"failure_classes": {c: classes.get(c, 0) for c in FAILURE_CLASSES}},
@@ -62,6 +81,8 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
 
 
 def write_json(path: str, report: dict) -> str:
-    with open(path, "w") as fh:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
         json.dump(report, fh, indent=2, default=str)
+    os.replace(tmp, path)  # a reader never sees half a report
     return path

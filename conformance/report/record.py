@@ -12,10 +12,14 @@ def case_id(adapter_spec: str, scenario: Scenario) -> str:
 
 
 def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message: str, duration_s: float, checked=None,
-                failure=None) -> dict:
+                failure=None, xfail_reason: str = "") -> dict:
     """`failure` is a `conformance.failure.Classified` for every non-pass (None for a pass or skip):
     the record then carries `failure_class` (wrong value, raised, crashed, hung, infrastructure)
-    and a one-line `cause`."""
+    and a one-line `cause`.
+
+    `message` is always what was seen (the failure's text; a skip's reason); for an expected
+    failure (xfailed, or a strict xfail that passed) `xfail_reason` says why it is expected, so a
+    case that starts failing differently than listed is visible in the report."""
     return {
         "case": case_id(adapter_spec, scenario),
         "adapter": adapter_spec,
@@ -34,6 +38,7 @@ def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message:
         "description": scenario.description,
         "verdict": verdict,
         "message": message,
+        "xfail_reason": xfail_reason,
         "failure_class": failure.failure_class.value if failure is not None else None,
         "cause": failure.cause if failure is not None else "",
         "duration_s": round(duration_s, 4),

@@ -84,7 +84,7 @@ def test_run_writes_reports_and_passes(env):
                      "--scenario", "ddp/no-sync/mlp/w2/fp32", "--report-dir", "out", timeout=300)
     assert result.ret == 0, result.stdout.str()[-3000:]
     report = json.loads((env.path / "out" / "gradparity.json").read_text())
-    assert report["schema"] == "gradparity.report/2"
+    assert report["schema"] == "gradparity.report/3"
     assert report["summary"]["passed"] == 2 and report["run"]["backends"] == ["gloo"]
     assert report["adapters"][0]["version"] and report["environment"]["torch"]
     assert {r["tolerance"] for r in report["results"]} == {"bitwise"}
@@ -95,11 +95,23 @@ def test_run_writes_reports_and_passes(env):
 
 @pytest.mark.slow
 def test_broken_implementation_fails_with_a_useful_message(env):
+    """Also: the report dir holds this run only (a stale junit.xml goes, a user's file stays), and an
+    xfailed case keeps the error actually seen beside the reason it is expected."""
+    (env.path / "out").mkdir()
+    (env.path / "out" / "junit.xml").write_text("<stale/>")
+    (env.path / "out" / "mine.txt").write_text("kept")
+    (env.path / "xf.txt").write_text("ddp-class=my_ddp:NoInitSync|ddp/no-sync/mlp/w2/fp32  # no init sync (example/issue#7)\n")
     result = env.run("gradparity", "run", "--ddp-class", "my_ddp:NoInitSync", "--scenario", "ddp/plain/mlp/w2/fp32",
-                     "--report-dir", "out", timeout=300)
+                     "--scenario", "ddp/no-sync/mlp/w2/fp32", "--xfails", "xf.txt", "--report-dir", "out", timeout=300)
     assert result.ret == 1
     report = json.loads((env.path / "out" / "gradparity.json").read_text())
-    (case,) = report["results"]
+    assert report["run"]["command"].startswith("gradparity run --ddp-class my_ddp:NoInitSync")
+    xfailed, case = sorted(report["results"], key=lambda r: r["verdict"], reverse=True)
+    assert xfailed["verdict"] == "xfailed" and xfailed["xfail_reason"] == "no init sync (example/issue#7)"
+    assert "rank 1, after construction" in xfailed["message"]
+    junit = (env.path / "out" / "junit.xml").read_text()
+    assert "<stale/>" not in junit and 'name="gradparity"' in junit and "rank 1, after construction" in junit
+    assert (env.path / "out" / "mine.txt").read_text() == "kept"
     assert case["verdict"] == "failed" and case["failure_class"] == "wrong value"
     assert case["cause"].startswith("[ddp/plain/mlp/w2/fp32] adapter ddp-class=my_ddp:NoInitSync: rank 1, after construction")
     assert "[wrong value] [ddp/plain/mlp/w2/fp32]" in result.stdout.str()
