@@ -6,7 +6,7 @@ sharded data parallel does once per backward). Times are the slowest rank's, med
 repetitions. Rows:
 
   * unbucketed: refimpl's bucketer with ``bucket_cap_mb=0`` (one collective per tensor);
-  * refimpl: ``refimpl.bucketer.ReduceScatterBucketer`` (default 25 MiB buckets);
+  * refimpl: ``refimpl.sharded.bucketer.ReduceScatterBucketer`` (default 25 MiB buckets);
   * fairscale: FairScale 0.4.13's ``ReduceScatterBucketer`` (skipped, with the reason, if it
     does not import).
 
@@ -103,7 +103,7 @@ def _rank(rank, port, out_dir, reps):
     store = dist.TCPStore("127.0.0.1", port, WORLD_SIZE + 1, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE,
                             timeout=timeout)
-    from refimpl.bucketer import ReduceScatterBucketer
+    from refimpl.sharded.bucketer import ReduceScatterBucketer
 
     group = dist.group.WORLD
     inputs = _inputs(rank)

@@ -14,17 +14,18 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DistributedDataParallel": "refimpl.ddp",
     "DataParallel": "refimpl.data_parallel",
-    "data_parallel": "refimpl.data_parallel",
-    "ReduceScatterBucketer": "refimpl.bucketer",
+    "ReduceScatterBucketer": "refimpl.sharded",
     "ShardedDataParallel": "refimpl.sharded",
 }
 
-__all__ = sorted(_EXPORTS) + ["distributed_autograd"]
+_SUBPACKAGES = ("data_parallel", "ddp", "distributed_autograd", "sharded")
+
+__all__ = sorted(_EXPORTS) + list(_SUBPACKAGES)
 
 
 def __getattr__(name: str):
-    if name == "distributed_autograd":
-        return importlib.import_module("refimpl.distributed_autograd")
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"refimpl.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'refimpl' has no attribute {name!r}")

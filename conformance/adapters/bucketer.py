@@ -53,7 +53,7 @@ class RefimplBucketer:
         self.version = getattr(refimpl, "__version__", "0")
 
     def make(self, bucket_cap_mb: float | None):
-        from refimpl.bucketer import ReduceScatterBucketer
+        from refimpl.sharded.bucketer import ReduceScatterBucketer
 
         return ReduceScatterBucketer() if bucket_cap_mb is None else ReduceScatterBucketer(bucket_cap_mb)
 

@@ -211,7 +211,7 @@ def torch_ddp() -> DDPLikeAdapter:
 
 def refimpl_ddp() -> DDPLikeAdapter:
     import refimpl
-    from refimpl import DistributedDataParallel, comm_hooks
+    from refimpl.ddp import DistributedDataParallel, comm_hooks
 
     def hooks() -> dict[str, Callable]:
         return {

@@ -10,11 +10,14 @@ CPU and GPU, so a list of CPU devices (`["cpu", "cpu"]`) works wherever GPUs wou
 
 One module per concept: `devices` (normalisation, current device), `replicate`
 (copies with reduce-add gradient edges), `scatter_gather` (autograd scatter / gather),
-`parallel_apply` (threads, thread-local state, errors) and `data_parallel` (the
-function and the `DataParallel` module).
+`parallel_apply` (threads, thread-local state, errors) and `forward` (the four steps
+chained: the `data_parallel` function and the `DataParallel` module).
+
+`refimpl.data_parallel` is this package; the function is `refimpl.data_parallel.data_parallel`
+(as in torch, where `torch.nn.parallel.data_parallel` is the function).
 """
 
-from .data_parallel import DataParallel, data_parallel
+from .forward import DataParallel, data_parallel
 from .parallel_apply import ReplicaError, parallel_apply
 from .replicate import Broadcast, ReplicaInfo, ReplicaMisuseError, is_replica, replicate
 from .scatter_gather import Gather, Scatter, balanced_chunk_sizes, gather, scatter, scatter_kwargs
@@ -37,19 +40,3 @@ __all__ = [
     "scatter_kwargs",
 ]
 
-
-# [Note: the package is callable]
-# `refimpl` exports the *function* `data_parallel` under the same name as this *package*.
-# Whichever is bound to `refimpl.data_parallel` depends on import order (importing a
-# submodule rebinds the attribute to the package), so the package itself is made callable
-# and forwards to the function: `refimpl.data_parallel(model, x, devices)` works either way.
-import sys as _sys
-import types as _types
-
-
-class _CallablePackage(_types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return data_parallel(*args, **kwargs)
-
-
-_sys.modules[__name__].__class__ = _CallablePackage

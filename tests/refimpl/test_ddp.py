@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from refimpl import DistributedDataParallel as DDP
-from refimpl.comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from refimpl.ddp.comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
 from tests.refimpl._refimpl_world import run_world
 
 pytestmark = pytest.mark.slow

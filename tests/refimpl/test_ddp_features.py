@@ -159,7 +159,7 @@ def test_checkpointing_and_compile():
     results = run_world(_ckpt_compile_world, 2, timeout=300)
     for msgs in results:
         assert msgs["torch.nn.parallel.distributed"], "torch DDP was expected to refuse reentrant without static_graph"
-        assert "static_graph=True" in (msgs["refimpl.ddp"] or ""), msgs
+        assert "static_graph=True" in (msgs["refimpl.ddp.wrapper"] or ""), msgs
         assert "use_reentrant=False" in (msgs["fuf"] or ""), msgs
 
 
@@ -206,7 +206,7 @@ def test_amp_scaler_and_checkpoints():
 def _mixed_precision_world(rank, world_size):
     from torch.nn.parallel.distributed import _MixedPrecision
 
-    from refimpl.comm_hooks import bf16_compress_hook
+    from refimpl.ddp.comm_hooks import bf16_compress_hook
 
     x = _batches(rank, 1)[0]
     grads = {}

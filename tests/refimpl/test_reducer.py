@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from refimpl import DistributedDataParallel as DDP
-from refimpl.reducer import ReducerState
+from refimpl.ddp.reducer import ReducerState
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_unused_parameter_raises_at_end_of_backward_and_resets(world1):
 
 
 def test_comm_hook_registration_rules(world1):
-    from refimpl.comm_hooks import fp16_compress_hook
+    from refimpl.ddp.comm_hooks import fp16_compress_hook
 
     ddp = DDP(net(), process_group=world1)
     ddp.register_comm_hook(world1, fp16_compress_hook)

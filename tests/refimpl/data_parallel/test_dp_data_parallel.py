@@ -246,16 +246,18 @@ def test_DataParallel_module_state_dict_and_optimizer_step():
 
 
 def test_top_level_exports():
-    # `refimpl.data_parallel` is the function or this (callable) package, depending on import
-    # order (see [Note: the package is callable]); both compute data_parallel.
-    assert refimpl.DataParallel is DataParallel
-    x = ints(4, 4)
-    m = mlp()
-    expected = data_parallel(m, x, ["cpu", "cpu"])
-    assert torch.equal(refimpl.data_parallel(m, x, ["cpu", "cpu"]), expected)
+    # `refimpl.data_parallel` is the package whatever the import order (no name clash): the
+    # function is `refimpl.data_parallel.data_parallel`, the module `refimpl.DataParallel`.
+    import types
+
     import refimpl.data_parallel as pkg
 
-    assert torch.equal(pkg(m, x, ["cpu", "cpu"]), expected)
+    assert isinstance(refimpl.data_parallel, types.ModuleType) and refimpl.data_parallel is pkg
+    assert refimpl.DataParallel is DataParallel is pkg.DataParallel
+    assert pkg.data_parallel is data_parallel and not callable(pkg)
+    x = ints(4, 4)
+    m = mlp()
+    assert torch.equal(refimpl.data_parallel.data_parallel(m, x, ["cpu", "cpu"]), data_parallel(m, x, ["cpu", "cpu"]))
 
 
 def test_adapter_seam_positional_signature():

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from refimpl.bucketer import BucketState, ReduceScatterBucketer
+from refimpl.sharded.bucketer import ReduceScatterBucketer, StagingState
 from tests.refimpl._refimpl_world import run_world
 
 WORLD_TIMEOUT_S = 60
@@ -104,7 +104,7 @@ def _bucketer_checks(rank, world_size, group, other):
             assert b.memory_bytes() > 0
         b.teardown()
         assert b.memory_bytes() == 0, f"{b.memory_bytes()} bytes held after teardown()"
-        assert all(s is BucketState.UNALLOCATED for s in b.states().values())
+        assert all(s is StagingState.UNALLOCATED for s in b.states().values())
         checks.append(f"cap={cap}")
 
     # Oversized input is reduced at once; its callback runs before earlier queued ones.

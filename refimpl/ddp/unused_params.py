@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .nested import find_tensors
+from ..nested import find_tensors
 
 __all__ = [
     "marked_twice_error",

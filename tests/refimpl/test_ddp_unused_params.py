@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from refimpl.unused_params import reaches_any, unreached_params
+from refimpl.ddp.unused_params import reaches_any, unreached_params
 
 
 def test_reaches_any_follows_nested_outputs_and_stops_at_parameters():

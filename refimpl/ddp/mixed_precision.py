@@ -4,7 +4,7 @@ torch's DDP takes ``mixed_precision=_MixedPrecision(param_dtype, reduce_dtype, b
 with only ``reduce_dtype`` set it keeps parameters and buffers in their own dtype and
 communicates gradients in ``reduce_dtype``. refimpl implements exactly that part: each
 bucket is divided by the world size, cast to ``reduce_dtype``, all-reduced, and cast back
-into the full-precision gradients (the built-in compression path of ``refimpl.comm_hooks``).
+into the full-precision gradients (the built-in compression path of ``refimpl.ddp.comm_hooks``).
 For low-precision *compute*, run the forward under ``torch.autocast``; ``param_dtype`` and
 ``buffer_dtype`` (low-precision parameter copies) are refused with that advice.
 

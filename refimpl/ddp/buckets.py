@@ -1,6 +1,6 @@
 """One bucket at run time: its flat buffer, its collective in flight, and the write-back.
 
-The plan (``refimpl.bucketing.BucketPlan``) says which parameters share the buffer; this
+The plan (``refimpl.ddp.plan.BucketPlan``) says which parameters share the buffer; this
 module owns what happens to the buffer in an iteration. The reducer decides *when* a bucket
 is launched (in bucket order, once all its gradients are in) and finished (at the end of
 backward); a bucket knows *how*: all-reduce, a comm hook, or the sparse all-gather.
@@ -13,9 +13,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .bucketing import BucketPlan
 from .comm_hooks import GradBucket
-from .sparse_reduce import SparseAllGatherReduction
+from .plan import BucketPlan
+from .sparse import SparseAllGatherReduction
 
 __all__ = ["FUSE_MIN_NUMEL", "Bucket"]
 

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["BucketState", "ReduceScatterBucketer"]
+__all__ = ["StagingState", "ReduceScatterBucketer"]
 
 # Public name of the "one input tensor, one output tensor" reduce-scatter. torch 2.10 renamed
 # ``reduce_scatter_tensor`` to ``reduce_scatter_single`` and deprecated the old name; the
@@ -46,8 +46,8 @@ ProcessGroup = dist.ProcessGroup
 Callback = Callable[[Tensor], object]
 
 
-class BucketState(enum.Enum):
-    """Lifecycle of one bucket buffer.
+class StagingState(enum.Enum):
+    """Lifecycle of one staging buffer (the bucket of one (dtype, device, group) key).
 
     UNALLOCATED -> (first input or setup) -> EMPTY -> (input) -> FILLING -> (flush) -> EMPTY
     EMPTY -> (teardown) -> UNALLOCATED.   Teardown of a FILLING bucket is an error: it would
@@ -59,7 +59,7 @@ class BucketState(enum.Enum):
     FILLING = "filling"  # some inputs copied in, their callbacks pending until flush
 
 
-class _Bucket:
+class _StagingBuffer:
     """One ``(world_size, shard_size)`` staging buffer for a (dtype, device, group) key."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device, group: ProcessGroup,
@@ -74,10 +74,10 @@ class _Bucket:
         self.callbacks: list[tuple[Callback | None, int, torch.Size]] = []
 
     @property
-    def state(self) -> BucketState:
+    def state(self) -> StagingState:
         if self.data is None:
-            return BucketState.UNALLOCATED
-        return BucketState.FILLING if self.offset else BucketState.EMPTY
+            return StagingState.UNALLOCATED
+        return StagingState.FILLING if self.offset else StagingState.EMPTY
 
     @property
     def free(self) -> int:
@@ -96,7 +96,7 @@ class _Bucket:
                                     device=self.device)
 
     def teardown(self) -> None:
-        assert self.state is not BucketState.FILLING, (
+        assert self.state is not StagingState.FILLING, (
             f"teardown() with {len(self.callbacks)} reduce-scatter(s) still queued in the "
             f"{self.dtype} bucket: their callbacks would never run. Call flush() first.")
         self.data = None
@@ -116,7 +116,7 @@ class _Bucket:
 
         Returns the number of collectives issued (0 or 1).
         """
-        if self.state is not BucketState.FILLING:
+        if self.state is not StagingState.FILLING:
             assert not self.callbacks, "internal: callbacks queued in an empty bucket"
             return 0
         assert self.data is not None
@@ -181,7 +181,7 @@ class ReduceScatterBucketer:
 
     def __init__(self, bucket_cap_mb: float = 25) -> None:
         self.bucket_cap_mb = bucket_cap_mb
-        self._buckets: dict[tuple[torch.dtype, torch.device, ProcessGroup], _Bucket] = {}
+        self._buckets: dict[tuple[torch.dtype, torch.device, ProcessGroup], _StagingBuffer] = {}
         # Counters that tests and benchmarks read; they never influence behaviour.
         self.num_collectives = 0
         self.num_unbucketed = 0
@@ -263,14 +263,14 @@ class ReduceScatterBucketer:
         """Bytes of staging memory the buckets hold right now (0 after ``teardown()``)."""
         return sum(bucket.nbytes() for bucket in self._buckets.values())
 
-    def states(self) -> dict[tuple[torch.dtype, torch.device, ProcessGroup], BucketState]:
+    def states(self) -> dict[tuple[torch.dtype, torch.device, ProcessGroup], StagingState]:
         """The lifecycle state of each bucket, for debugging and tests."""
         return {key: bucket.state for key, bucket in self._buckets.items()}
 
-    def _bucket(self, tensor: Tensor, group: ProcessGroup) -> _Bucket:
+    def _bucket(self, tensor: Tensor, group: ProcessGroup) -> _StagingBuffer:
         key = (tensor.dtype, tensor.device, group)
         bucket = self._buckets.get(key)
         if bucket is None:
             shard = self.shard_size(tensor.dtype, group.size())
-            bucket = self._buckets[key] = _Bucket(tensor.dtype, tensor.device, group, shard)
+            bucket = self._buckets[key] = _StagingBuffer(tensor.dtype, tensor.device, group, shard)
         return bucket

@@ -2,7 +2,7 @@
 
 Nothing here communicates or touches gradients; the planner takes plain facts about
 parameters (size, dtype, device, sparse or not) and returns plain, frozen data that the
-reducer (``refimpl.reducer``) executes. Keeping planning pure is what lets the unit tests
+reducer (``refimpl.ddp.reducer``) executes. Keeping planning pure is what lets the unit tests
 check every rule without a process group, and lets a report print the plan.
 
 The rules follow PyTorch's ``compute_bucket_assignment_by_size``:

@@ -53,15 +53,15 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from .bucketing import (
+from .buckets import FUSE_MIN_NUMEL, Bucket
+from .plan import (
     DEFAULT_BUCKET_CAP_BYTES,
     DEFAULT_FIRST_BUCKET_BYTES,
     BucketPlan,
     ParamInfo,
     plan_buckets,
 )
-from .reducer_buckets import FUSE_MIN_NUMEL, Bucket
-from .reducer_stats import BackwardStats, BucketTiming
+from .stats import BackwardStats, BucketTiming
 from .unused_params import (
     marked_twice_error,
     static_count_error,

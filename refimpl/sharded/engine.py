@@ -8,7 +8,7 @@ What each rank holds:
 One training step:
   1. forward/backward on the full parameters; autograd accumulates the local ``p.grad``;
   2. when the backward finishes, every parameter's gradient is divided by W and
-     reduce-scattered through a :class:`~refimpl.bucketer.ReduceScatterBucketer`: rank r
+     reduce-scattered through a :class:`~refimpl.sharded.bucketer.ReduceScatterBucketer`: rank r
      receives chunk r of ``(1/W) Σ_ranks grad``; the full local ``p.grad`` is then freed;
   3. the optimizer (any ``torch.optim`` class) steps only this rank's chunks;
   4. the chunks are all-gathered back into the full parameters on every rank.
@@ -28,7 +28,7 @@ supported (a global norm needs one more all-reduce).
 All parameters are reduce-scattered in registration order at the end of each synced backward
 (``queue_callback`` from the first gradient hook), not as each gradient becomes ready. Why:
 ranks may use different parameters (rank-dependent control flow), and bucketing requires the
-same sequence of reduce-scatters on every rank (see ``refimpl.bucketer``). One small
+same sequence of reduce-scatters on every rank (see ``refimpl.sharded.bucketer``). One small
 all-reduce of "which parameters have a gradient" first decides, identically everywhere, which
 parameters to reduce: a parameter no rank used keeps its sharded gradient unchanged (``None``
 after ``zero_grad``), just like a parameter that gets no gradient without data parallelism.
@@ -56,9 +56,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from refimpl.broadcast import broadcast_from_rank0
-from refimpl.bucketer import ReduceScatterBucketer
-from refimpl.unused_params import reaches_any
+from ..broadcast import broadcast_from_rank0
+from ..ddp.unused_params import reaches_any
+from .bucketer import ReduceScatterBucketer
 
 __all__ = ["ReduceState", "ShardedDataParallel", "ShardedOptimizer"]
 

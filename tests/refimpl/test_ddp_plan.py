@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from refimpl.bucketing import (
+from refimpl.ddp.plan import (
     ParamInfo,
     compute_bucket_assignment_by_size,
     plan_buckets,

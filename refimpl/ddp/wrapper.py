@@ -2,7 +2,7 @@
 
 The wrapper owns what happens around the wrapped module's forward (buffer broadcast, the
 reducer's per-iteration preparation, ``no_sync``); the gradient averaging itself lives in
-``refimpl.reducer`` and its bucket plan in ``refimpl.bucketing``.
+``refimpl.ddp.reducer`` and its bucket plan in ``refimpl.ddp.plan``.
 
 Usage::
 
@@ -18,14 +18,14 @@ given); nothing is kept in module-level state, so several instances on different
 coexist.
 
 Production features, as in torch: uneven inputs with ``ddp.join()`` or
-``torch.distributed.algorithms.Join`` (``refimpl.join``); ``torch.autocast`` and
+``torch.distributed.algorithms.Join`` (``refimpl.ddp.join``); ``torch.autocast`` and
 ``torch.amp.GradScaler`` need nothing from the wrapper (gradients are reduced in the
 parameters' dtype); activation checkpointing (non-reentrant always; reentrant too, and
 where a parameter's gradient arrives in several reentrant segments, with
 ``static_graph=True``); ``state_dict()`` keys carry the ``module.`` prefix and the wrapper
 pickles (``torch.save(ddp)``) on the default group, rebuilding its reducer on load;
 ``mixed_precision`` with a ``reduce_dtype`` (torch's ``_MixedPrecision(reduce_dtype=...)``)
-reduces gradients in that dtype and casts them back (``refimpl.mixed_precision``).
+reduces gradients in that dtype and casts them back (``refimpl.ddp.mixed_precision``).
 
 [Note: torch.compile] ``torch.compile(ddp)`` compiles only the wrapped module's forward: the
 wrapper's bookkeeping before and after it (``_pre_forward`` / ``_post_forward``: join
@@ -49,13 +49,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
-from .broadcast import broadcast_from_rank0
-from .bucketing import DEFAULT_BUCKET_CAP_BYTES
+from ..broadcast import broadcast_from_rank0
+from ..nested import find_tensors, move_to
 from .join import DDPJoinHook, find_common_rank
 from .mixed_precision import reduce_precision_hook
-from .nested import find_tensors, move_to
+from .plan import DEFAULT_BUCKET_CAP_BYTES
 from .reducer import Reducer
-from .reducer_stats import BackwardStats
+from .stats import BackwardStats
 
 __all__ = ["DistributedDataParallel"]
 
@@ -246,7 +246,7 @@ class DistributedDataParallel(nn.Module, Joinable):
     # ----------------------------------------------------------- join (uneven inputs)
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
              throw_on_early_termination: bool = False) -> Join:
-        """Context manager for uneven inputs across ranks (torch's signature; ``refimpl.join``)."""
+        """Context manager for uneven inputs across ranks (torch's signature; ``refimpl.ddp.join``)."""
         return Join([self], enable, throw_on_early_termination,
                     divide_by_initial_world_size=divide_by_initial_world_size)
 
@@ -270,7 +270,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             )
 
     def _join_pre_forward(self, sync: bool) -> None:
-        """An active rank's side of join (see ``refimpl.join`` for the collective sequence)."""
+        """An active rank's side of join (see ``refimpl.ddp.join`` for the collective sequence)."""
         work = Join.notify_join_context(self)
         if work is not None and sync and not self._divide_by_initial_world_size:
             work.wait()
