@@ -25,7 +25,7 @@ An adapter whose rules depend on the scenario defines `semantics_for(scenario)` 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from conformance.spec import Tolerance
 
@@ -94,6 +94,34 @@ class Semantics:
 
 
 TORCH_DDP = Semantics()
+
+# One unit in the last place at 1.0 of each reduce dtype.
+_ULP = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+REDUCE_DTYPE_SOURCE = ("torch.nn.parallel.DistributedDataParallel(mixed_precision=_MixedPrecision(reduce_dtype=...)) "
+                       "and refimpl/mixed_precision.py: gradients communicated in reduce_dtype, cast back; "
+                       "within one reduce_dtype ulp per summand of a full-precision reduction, per step")
+
+
+def reduce_dtype_bound(dtype: str, world_size: int) -> Tolerance:
+    """The declared bound of gradients reduced in `dtype` (torch DDP's `mixed_precision.reduce_dtype`).
+
+    Each rank's share is rounded to `dtype` once and the low-precision sum rounds once per
+    added share: one `dtype` ulp per summand, two at two ranks (relative, and absolute for
+    values that cancel), over one step.
+    """
+    ulps = max(2, world_size)
+    bound = ulps * _ULP[dtype]
+    return Tolerance(False, rtol=bound, atol=bound,
+                     reason=f"mixed_precision reduce_dtype={dtype}: {ulps} {dtype} ulps ({world_size} summands), one step")
+
+
+def with_reduce_dtype(semantics: Semantics, scenario) -> Semantics:
+    """`semantics` plus the lossy rule of `scenario`'s `reduce_dtype` (unchanged without one)."""
+    dtype = scenario.options.reduce_dtype
+    if not dtype:
+        return semantics
+    return replace(semantics, lossy=reduce_dtype_bound(dtype, scenario.world_size),
+                   sources=(*semantics.sources, REDUCE_DTYPE_SOURCE))
 
 
 def declared(adapter, scenario) -> Semantics:

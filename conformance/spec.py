@@ -33,6 +33,8 @@ class Capability(str, enum.Enum):
     CUDA = "cuda"
     ENGINE_ZERO_GRAD = "engine_zero_grad"  # the wrapper has its own zero_grad(set_to_none=...)
     JOIN = "join"  # uneven inputs: the wrapper's join() context manager (torch's signature)
+    # torch DDP's `mixed_precision=_MixedPrecision(reduce_dtype=...)`: gradients reduced in a lower dtype
+    MIXED_PRECISION = "mixed_precision"
 
     def __str__(self) -> str:  # shows up in skip reasons
         return self.value
@@ -100,6 +102,8 @@ class WrapOptions:
     static_graph: bool = False
     broadcast_buffers: bool = True
     comm_hook: str | None = None  # "allreduce" | "fp16" | "bf16"
+    # mixed_precision=_MixedPrecision(reduce_dtype=<this dtype>): "bfloat16" | "float16"
+    reduce_dtype: str | None = None
 
     def describe(self) -> str:
         parts = []

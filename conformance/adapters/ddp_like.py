@@ -27,6 +27,7 @@ DDP_CAPABILITIES = frozenset(
         Capability.HALF_PRECISION,
         Capability.ENGINE_ZERO_GRAD,
         Capability.JOIN,
+        Capability.MIXED_PRECISION,
     }
 )
 
@@ -133,6 +134,13 @@ class DDPLikeAdapter:
             return "torch's bf16_compress_hook needs CUDA 11+ and NCCL 2.10+ (it refuses gloo on CPU)"
         return None
 
+    def semantics_for(self, scenario):
+        """torch DDP's rules (or the subclass's `semantics`), plus the lossy bound of a
+        `reduce_dtype` scenario: what `mixed_precision=_MixedPrecision(reduce_dtype=...)` documents."""
+        from conformance.semantics import TORCH_DDP, with_reduce_dtype
+
+        return with_reduce_dtype(getattr(self, "semantics", None) or TORCH_DDP, scenario)
+
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> DDPLikeWrapped:
         kwargs = dict(
             process_group=ctx.group,
@@ -148,6 +156,12 @@ class DDPLikeAdapter:
             kwargs["gradient_as_bucket_view"] = True
         if options.static_graph:
             kwargs["static_graph"] = True
+        if options.reduce_dtype:
+            from torch.nn.parallel.distributed import _MixedPrecision
+
+            from conformance.models.data import DTYPES
+
+            kwargs["mixed_precision"] = _MixedPrecision(reduce_dtype=DTYPES[options.reduce_dtype])
         ddp = self.cls(module, **kwargs)
         if options.comm_hook:
             hooks = self._comm_hooks()
@@ -163,6 +177,7 @@ CAPABILITY_METHODS = {Capability.NO_SYNC: "no_sync", Capability.COMM_HOOK: "regi
 CAPABILITY_KEYWORDS = {
     Capability.BUCKET_CAP: "bucket_cap_mb", Capability.GRAD_AS_BUCKET_VIEW: "gradient_as_bucket_view",
     Capability.STATIC_GRAPH: "static_graph", Capability.BUFFER_BROADCAST: "broadcast_buffers",
+    Capability.MIXED_PRECISION: "mixed_precision",
 }
 REQUIRED_KEYWORDS = ("process_group", "find_unused_parameters")  # DDPLikeAdapter.wrap always passes these
 

@@ -40,6 +40,8 @@ def _requires(options: WrapOptions, micro_batches: int, model_kwargs: dict, dtyp
         need.add(C.GRAD_AS_BUCKET_VIEW)
     if options.comm_hook:
         need.add(C.COMM_HOOK)
+    if options.reduce_dtype:
+        need.add(C.MIXED_PRECISION)
     if options.bucket_cap_mb is not None:
         need.add(C.BUCKET_CAP)
     if model_kwargs.get("sparse"):
@@ -66,6 +68,13 @@ def make(
     if options.comm_hook:
         tolerance = HOOK_BAND[options.comm_hook] if options.comm_hook in HOOK_BAND else EXACT
         fields.setdefault("steps", 1)
+    elif options.reduce_dtype:
+        # Continuous data, so the low-precision reduce really rounds; one step (the bound is per
+        # step). The scenario's own band is fp32's: an engine that reduces in reduce_dtype
+        # declares its lossy bound (conformance.semantics.reduce_dtype_bound) and is checked on it.
+        tolerance = float_tolerance("float32", w, "fp32 sums; a lower-precision reduce must be declared")
+        fields.setdefault("steps", 1)
+        fields.setdefault("exact_data", False)
     elif dtype in ("float16", "bfloat16"):
         tolerance = float_tolerance(dtype, w, f"{dtype} parameters, sums of {w} ranks")
     elif exact:
@@ -166,6 +175,10 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         m("hook-allreduce", "mlp", options=WrapOptions(comm_hook="allreduce"), steps=2, profiles=STANDARD),
         m("hook-fp16", "mlp", options=WrapOptions(comm_hook="fp16")),
         m("hook-bf16", "mlp", options=WrapOptions(comm_hook="bf16"), profiles=STANDARD),
+        m("reduce-bf16", "mlp", options=WrapOptions(reduce_dtype="bfloat16"),
+          description="mixed_precision reduce_dtype=bf16: fp32 parameters, gradients reduced in bf16 and cast back"),
+        m("reduce-bf16", "mlp", w=4, options=WrapOptions(reduce_dtype="bfloat16"), profiles=STANDARD),
+        m("reduce-fp16", "transformer", w=3, options=WrapOptions(reduce_dtype="float16"), profiles=STANDARD),
     ]
     if area == "ddp":  # the training-loop scenarios (conformance/catalogue/training_loop.py)
         out += training_loop.scenarios(m)

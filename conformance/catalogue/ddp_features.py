@@ -83,6 +83,10 @@ def scenarios(area: str = "ddp") -> list:
           timeout_s=180),
         m("compile-wrapper", "mlp", w=2, steps=STEPS, features=_f(compile="wrapper"), tolerance=compile_band(2),
           timeout_s=180),
+        m("compile-buckets", "mlp", w=2, steps=STEPS, features=_f(compile="model"), tolerance=compile_band(2),
+          options=WrapOptions(bucket_cap_mb=0.001), timeout_s=180, profiles=QUICK,
+          description="torch.compile around the model, three buckets: the compiled backward returns gradients "
+                      "in another order than eager"),
         m("compile-model", "mlp", w=3, steps=STEPS, features=_f(compile="model"), tolerance=compile_band(3),
           timeout_s=180, profiles=FULL),
         # -- clip_grad_norm_ on the averaged gradients

@@ -47,7 +47,7 @@ QUICK_IDS = {
 
 def applies(s: Scenario) -> bool:
     o = s.options
-    return not (o.comm_hook or o.gradient_as_bucket_view or o.static_graph or C.SPARSE in s.requires)
+    return not (o.comm_hook or o.reduce_dtype or o.gradient_as_bucket_view or o.static_graph or C.SPARSE in s.requires)
 
 
 def _padded(s: Scenario) -> bool:

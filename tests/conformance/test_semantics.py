@@ -141,3 +141,37 @@ def test_a_declared_lossy_bound_replaces_the_tolerance_but_ranks_stay_bitwise():
     for r in records.values():
         r["events"][0]["values"] = {n: g * 1.01 for n, g in grads.items()}
     check_records(s, "meta", b, records, semantics=lossy)
+
+
+def test_a_reduce_dtype_scenario_makes_ddp_like_adapters_declare_its_bound():
+    """mixed_precision(reduce_dtype=...): declared (one ulp per summand, at least two), then checked."""
+    from conformance.adapters import registry
+    from conformance.semantics import declared, reduce_dtype_bound
+    from conformance.spec import Capability, WrapOptions
+
+    s = _scenario("reduce-bf16", "mlp", options=WrapOptions(reduce_dtype="bfloat16"))
+    assert Capability.MIXED_PRECISION in s.requires and s.steps == 1 and not s.exact_data
+    for name in ("refimpl-ddp", "torch-ddp"):
+        semantics = declared(registry.load(name), s)
+        assert semantics.lossy == reduce_dtype_bound("bfloat16", 2)
+        assert semantics.lossy.rtol == semantics.lossy.atol == 2 * 2.0**-7  # two bf16 ulps
+        assert any(d.startswith("lossy communication") for d in semantics.deviations())
+        assert declared(registry.load(name), _scenario("plain", "mlp")) == TORCH_DDP
+    assert reduce_dtype_bound("float16", 4).rtol == 4 * 2.0**-10
+    powersgd = registry.load("torch-ddp-powersgd")  # a subclass keeps its own declaration
+    assert declared(powersgd, _scenario("plain", "mlp")) == powersgd.semantics
+    # The bound is what is checked: one bf16 rounding passes, a share kept unreduced does not.
+    b = baseline.compute(s, declared(registry.load("refimpl-ddp"), s))
+    records = _records(b)
+    for r in records.values():
+        r["events"][0]["values"] = {n: g.bfloat16().float() for n, g in r["events"][0]["values"].items()}
+    check_records(s, "meta", b, records, semantics=declared(registry.load("refimpl-ddp"), s))
+    with pytest.raises(ConformanceError, match="gradients differ from the oracle"):
+        check_records(s, "meta", b, records)  # undeclared: the scenario's fp32 band
+
+
+def test_sharded_areas_do_not_reuse_reduce_dtype_scenarios():
+    from conformance import catalogue
+
+    assert any(s.options.reduce_dtype for s in catalogue.select(area="ddp", profile="standard"))
+    assert not any(s.options.reduce_dtype for s in catalogue.select(area="sharded", profile="full"))

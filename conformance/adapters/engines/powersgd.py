@@ -47,7 +47,7 @@ class PowerSGDAdapter(DDPLikeAdapter):
         from torch.nn.parallel import DistributedDataParallel
 
         super().__init__("torch-ddp-powersgd", DistributedDataParallel, version=torch.__version__,
-                         capabilities=DDP_CAPABILITIES - {C.COMM_HOOK, C.SPARSE, C.JOIN})
+                         capabilities=DDP_CAPABILITIES - {C.COMM_HOOK, C.SPARSE, C.JOIN, C.MIXED_PRECISION})
 
     def unavailable(self, scenario) -> str | None:
         if production_features(scenario):

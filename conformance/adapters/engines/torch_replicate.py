@@ -42,7 +42,7 @@ class ReplicateWrapped(DDPLikeWrapped):
 
 class ReplicateAdapter:
     name, area = "torch-replicate", "ddp"
-    capabilities = DDP_CAPABILITIES - {C.COMM_HOOK, C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH, C.JOIN}
+    capabilities = DDP_CAPABILITIES - {C.COMM_HOOK, C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH, C.JOIN, C.MIXED_PRECISION}
     semantics = SEMANTICS
 
     def __init__(self):
