@@ -19,6 +19,7 @@ When several ranks fail differently, the most telling class wins: a crash explai
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from conformance.compare import ConformanceError
@@ -64,6 +65,53 @@ def first_line(text: str, limit: int = 300) -> str:
     return ""
 
 
+# What a dead rank's log says about why it died, most telling first. A rank that raises in
+# Python answers with its exception; one that dies leaves these in its log (the pool starts
+# faulthandler in every rank, so a fatal signal prints "Fatal Python error: ..." and the stack).
+_FATAL = re.compile(r"^(Fatal Python error: .+|terminate called .+|\s*what\(\):\s*.+|Killed|Segmentation fault.*|Aborted.*)$")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?:: .*)?$")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<fn>\S+)')
+
+
+def crash_clue(text: str, limit: int = 240) -> str:
+    """The most telling line of a dead rank's log: a fatal error / C++ abort, else the last
+    exception line, else ""."""
+    lines = [line.rstrip() for line in (text or "").splitlines() if line.strip()]
+    fatal = [line.strip() for line in lines if _FATAL.match(line)]
+    if fatal:  # "terminate called after throwing ..." is followed by its "what():" line: keep both
+        return " ".join(fatal[:2])[:limit]
+    exceptions = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
+    return exceptions[-1][:limit] if exceptions else ""
+
+
+def stuck_at(stack: str) -> str:
+    """Where a hung rank's main thread was waiting: the innermost frame of faulthandler's dump
+    (`fn (file.py:N)`), or "" when there is no stack."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack or "")
+    main = next((b for b in reversed(blocks) if b.lstrip().startswith("Current thread")), blocks[-1] if blocks else "")
+    for line in main.splitlines():  # faulthandler lists the most recent call first
+        m = _FRAME.match(line)
+        if m:
+            return f"{m.group('fn')} ({m.group('file').rsplit('/', 1)[-1]}:{m.group('line')})"
+    return ""
+
+
+def _cause(failure) -> str:
+    """`rank N: <message's first line>`, plus, for a death, the log's clue and, for a hang, where
+    the rank was waiting: the one line a terminal summary shows must say why, not only that."""
+    cause = f"rank {failure.rank}: {first_line(failure.message)}"
+    if failure.kind == "died":
+        clue = crash_clue(f"{failure.log_tail}\n{failure.traceback}")
+        return f"{cause}; log: {clue}" if clue else cause
+    if failure.kind in ("timeout", "no-answer"):
+        where = stuck_at(failure.stack)
+        return f"{cause}; stuck in {where}" if where else cause
+    if failure.kind == "infrastructure":
+        clue = crash_clue(f"{failure.message}\n{failure.log_tail}\n{failure.traceback}")
+        return f"{cause}; {clue}" if clue and clue not in cause else cause
+    return cause
+
+
 def classify_outcome(outcome) -> Classified | None:
     """The class and cause of a task outcome (`harness.pool.TaskOutcome`); None when it is ok.
 
@@ -80,7 +128,7 @@ def classify_outcome(outcome) -> Classified | None:
             continue
         if cls in by_class:
             failure = by_class[cls][0]
-            return Classified(cls, f"rank {failure.rank}: {first_line(failure.message)}")
+            return Classified(cls, _cause(failure))
     raise AssertionError("unreachable: a failed outcome with no classified failure")
 
 

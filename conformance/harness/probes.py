@@ -36,6 +36,17 @@ def exit_on(payload, ctx):
     return ctx.rank
 
 
+def abort_on(payload, ctx):
+    """Rank `payload` aborts (SIGABRT) after a last word on stderr, as a C++ assertion would."""
+    if ctx.rank == payload:
+        import sys
+
+        print(f"RuntimeError: deliberate abort on rank {ctx.rank}", file=sys.stderr, flush=True)
+        os.abort()
+    dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
+    return ctx.rank
+
+
 def hang_on(payload, ctx):
     """Every rank but `payload` waits in an all_reduce that rank `payload` never joins."""
     if ctx.rank == payload:

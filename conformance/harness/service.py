@@ -53,6 +53,7 @@ def _redirect_output(log_path: str) -> None:
 def serve(rank: int, topology, store_path: str, conn, workdir: str, rpc_init_method: str | None) -> None:
     """Entry point of a spawned rank process."""
     _redirect_output(os.path.join(workdir, f"rank{rank}.log"))
+    faulthandler.enable(all_threads=False)  # a fatal signal leaves "Fatal Python error: ..." + the stack in the log
     from conformance.harness.network import pin_to_loopback
 
     pin_to_loopback()  # before torch.distributed creates a transport

@@ -1,8 +1,10 @@
 """The HTML report: one self-contained page people look at.
 
-An adapter × scenario matrix (colour = verdict, hover = the first line of the message),
-provenance, every failure in full, and a bucket timeline where an implementation reports
-backward stats (when each bucket's collective was launched and finished during backward).
+Provenance (command, commit, torch, adapters with versions), an adapter × scenario matrix per
+area (colour = verdict; every xfail and skip reason written out under its table, not only in a
+tooltip), every expected failure with the reason it is expected beside the error actually seen,
+every failure in full, upstream issues as links (links.py), and one bucket timeline per adapter
+(timeline.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import html
 import os
 from collections import defaultdict
 
+from conformance.report.links import linkify
 from conformance.report.record import one_line
+from conformance.report.timeline import section as timelines_section
 
 COLOURS = {
     "passed": "#2e7d32", "failed": "#c62828", "xfailed": "#f9a825", "xpassed": "#8e24aa",
@@ -28,6 +32,9 @@ td.v{text-align:center;color:#fff;font-weight:bold;min-width:5em}
 pre{background:#fafafa;border:1px solid #eee;padding:8px;white-space:pre-wrap;font-size:12px}
 .meta td{border:none;padding:1px 8px}
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;color:#fff;border-radius:3px}
+td.v sup a,ol.reasons a{color:inherit}
+ol.reasons{font-size:13px;margin-top:4px}
+ul.timelines{list-style:none;padding-left:0}
 """
 
 
@@ -48,16 +55,26 @@ def _matrices(report: dict) -> str:
         for r in results:
             counts[r["verdict"]] += 1
         tally = ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))
-        parts.append(f"<h3>{_e(area)} <small>({len(results)} cases: {_e(tally)})</small></h3>" + _matrix(results, adapters))
+        parts.append(f"<h3>{_e(area)} <small>({len(results)} cases: {_e(tally)})</small></h3>" + _matrix(results, adapters, area))
     return "".join(parts)
 
 
-def _matrix(results: list[dict], adapters: list[str]) -> str:
+def _reason(r: dict) -> str:
+    """Why a case did not run (skip) or is expected to fail (xfail); "" for other verdicts."""
+    if r["verdict"] == "skipped":
+        return f"skipped: {r.get('message') or 'no reason given'}"
+    if r["verdict"] == "xfailed":
+        return f"expected failure: {r.get('xfail_reason') or r.get('message') or 'no reason given'}"
+    return ""
+
+
+def _matrix(results: list[dict], adapters: list[str], area: str = "") -> str:
     cells: dict[str, dict[str, dict]] = defaultdict(dict)
     meta: dict[str, dict] = {}
     for r in results:
         cells[r["scenario"]][r["adapter"]] = r
         meta[r["scenario"]] = r
+    reasons: dict[str, int] = {}  # every distinct skip/xfail reason, numbered, written out under the table
     rows = []
     for scenario in sorted(cells):
         m = meta[scenario]
@@ -68,22 +85,29 @@ def _matrix(results: list[dict], adapters: list[str]) -> str:
                 tds.append('<td class="v" style="background:#eee;color:#999">n/a</td>')
                 continue
             first = one_line(r)
-            anchor = f' href="#f-{_e(r["case"])}"' if r["verdict"] in ("failed", "error", "xpassed") else ""
+            anchor = f' href="#f-{_e(r["case"])}"' if r["verdict"] in ("failed", "error", "xpassed", "xfailed") else ""
             declared = r.get("declared") or []
             if declared:  # the verdict holds under these declared deviations from torch DDP
                 first += " | declared: " + "; ".join(declared)
             mark = " ◆" if declared else ""
+            note = ""
+            reason = _reason(r)
+            if reason:
+                number = reasons.setdefault(reason, len(reasons) + 1)
+                note = f'<sup><a href="#r-{_e(area)}-{number}">[{number}]</a></sup>'
             tds.append(
                 f'<td class="v" style="background:{COLOURS.get(r["verdict"], "#555")}" title="{_e(first)}">'
-                f'<a style="color:#fff"{anchor}>{SYMBOL.get(r["verdict"], "?")} {_e(r["verdict"])}{mark}</a></td>'
+                f'<a style="color:#fff"{anchor}>{SYMBOL.get(r["verdict"], "?")} {_e(r["verdict"])}{mark}</a>{note}</td>'
             )
-        upstream = f' <small>({_e(m["upstream"])})</small>' if m.get("upstream") else ""
+        upstream = f" <small>({linkify(m['upstream'])})</small>" if m.get("upstream") else ""
         rows.append(
             f"<tr><td><code>{_e(scenario)}</code>{upstream}<br><small>{_e(m['options'])}; tolerance {_e(m['tolerance'])}</small></td>"
             + "".join(tds) + "</tr>"
         )
     head = "".join(f"<th>{_e(a)}</th>" for a in adapters)
-    return f"<table><tr><th>scenario</th>{head}</tr>{''.join(rows)}</table>"
+    notes = "".join(f'<li id="r-{_e(area)}-{n}" value="{n}">{linkify(reason)}</li>' for reason, n in reasons.items())
+    return (f"<table><tr><th>scenario</th>{head}</tr>{''.join(rows)}</table>"
+            + (f'<ol class="reasons">{notes}</ol>' if notes else ""))
 
 
 def _compatibility(report: dict) -> str:
@@ -115,34 +139,19 @@ def _compatibility(report: dict) -> str:
     )
 
 
-def _timeline(result: dict) -> str:
-    """An SVG of bucket collectives over the backward pass, from an implementation's stats."""
-    per_rank = (result.get("details") or {}).get("backward_stats") or {}
-    stats = per_rank.get(0) or per_rank.get("0") or {}  # rank 0's view (JSON turns keys into strings)
-    buckets = stats.get("buckets") if isinstance(stats, dict) else None
-    if not buckets:
-        return ""
-    end = max([b.get("finish_ns") or b.get("launch_ns") or 0 for b in buckets] + [stats.get("backward_end_ns") or 0]) or 1
-    width, row = 640, 16
-    bars = []
-    for i, b in enumerate(buckets):
-        ready = b.get("ready_ns", b.get("launch_ns", 0)) or 0
-        launch = b.get("launch_ns", 0) or 0
-        finish = b.get("finish_ns", launch) or launch
-        x0, x1, x2 = (width * t / end for t in (ready, launch, finish))
-        y = i * row + 4
-        bars.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(1, x1 - x0):.1f}" height="{row - 6}" fill="#90caf9"/>')
-        bars.append(f'<rect x="{x1:.1f}" y="{y}" width="{max(1, x2 - x1):.1f}" height="{row - 6}" fill="#1565c0"/>')
-        bars.append(f'<text x="{width + 6}" y="{y + 9}" font-size="10">bucket {b.get("index", i)}</text>')
-    if stats.get("backward_end_ns"):
-        x = width * stats["backward_end_ns"] / end
-        bars.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{len(buckets) * row + 4}" stroke="#c62828"/>')
-    svg = f'<svg width="{width + 80}" height="{len(buckets) * row + 8}">{"".join(bars)}</svg>'
-    return (
-        f"<h3>Bucket timeline: {_e(result['case'])}</h3>"
-        f"<p><small>light: gradients filling the bucket; dark: collective in flight; red: end of backward "
-        f"({end / 1e6:.2f} ms span)</small></p>{svg}"
+def _expected(report: dict) -> str:
+    """Each xfailed case: why it is expected (its xfail entry, linked upstream) beside what was seen."""
+    rows = "".join(
+        f'<tr id="f-{_e(r["case"])}"><td><code>{_e(r["case"])}</code></td>'
+        f"<td>{linkify(r.get('xfail_reason') or '')}</td>"
+        f"<td>{_e(one_line(r))}<details><summary>full error</summary><pre>{_e(r.get('message') or '')}</pre></details></td></tr>"
+        for r in report["results"] if r["verdict"] == "xfailed"
     )
+    if not rows:
+        return ""
+    return ("<h2>Expected failures</h2><p><small>strict: a listed case that passes fails the run; compare the error "
+            "seen with the reason to spot a case that now fails for another cause</small></p>"
+            f"<table><tr><th>case</th><th>expected because</th><th>seen</th></tr>{rows}</table>")
 
 
 def render(report: dict) -> str:
@@ -159,16 +168,21 @@ def render(report: dict) -> str:
     failures = "".join(
         f'<h3 id="f-{_e(r["case"])}">{_e(r["case"])} — {_e(r["verdict"])}'
         + (f' ({_e(r["failure_class"])})' if r.get("failure_class") else "")
-        + f'</h3><p><b>cause:</b> {_e(one_line(r))}</p><pre>{_e(r["message"])}</pre>'
+        + f'</h3><p><b>cause:</b> {_e(one_line(r))}</p>'
+        + (f"<p><b>listed as an expected failure:</b> {linkify(r['xfail_reason'])}</p>" if r.get("xfail_reason") else "")
+        + f'<pre>{_e(r["message"])}</pre>'
         for r in report["results"] if r["verdict"] in ("failed", "error", "xpassed")
     )
     classes = ", ".join(f"{c}: {n}" for c, n in s.get("failure_classes", {}).items() if n)
-    timelines = "".join(_timeline(r) for r in report["results"] if r["verdict"] == "passed")[:400_000]
+    suite = report["suite"]
+    commit = suite.get("commit") or "unknown (not a git checkout, no VCS install record)"
+    dirty = " (with uncommitted changes)" if suite.get("dirty") else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>gradparity report</title>
 <style>{CSS}</style></head><body>
 <h1>gradparity conformance report</h1>
 <table class="meta">
-<tr><td>suite</td><td>{_e(report['suite']['name'])} {_e(report['suite']['version'])} (schema {_e(report['schema'])})</td></tr>
+<tr><td>suite</td><td>{_e(suite['name'])} {_e(suite['version'])} (schema {_e(report['schema'])}), commit <code>{_e(commit)}</code>{_e(dirty)}</td></tr>
+<tr><td>command</td><td><code>{_e(run.get('command') or '?')}</code> ({_e(run.get('launcher') or 'local')})</td></tr>
 <tr><td>created</td><td>{_e(report['created'])}</td></tr>
 <tr><td>torch</td><td>{_e(env['torch'])} on Python {_e(env['python'])}, {_e(env['platform'])}</td></tr>
 <tr><td>run</td><td>profile {_e(run['profile'])}; device {_e(', '.join(run['device']))}; backends {_e(', '.join(run['backends']))};
@@ -181,7 +195,8 @@ world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 {f'<p>failure classes: {_e(classes)}</p>' if classes else ''}
 {_matrices(report)}
 <h2>Failures</h2>{failures or '<p>None.</p>'}
-{('<h2>Bucket timelines</h2>' + timelines) if timelines else ''}
+{_expected(report)}
+{timelines_section(report)}
 </body></html>"""
 
 

@@ -1,7 +1,14 @@
 """The failure taxonomy: each rank story maps to one class, and the most telling one wins."""
 
 from conformance.compare import ConformanceError
-from conformance.failure import FailureClass, classify_exception, classify_outcome, run_failed
+from conformance.failure import (
+    FailureClass,
+    classify_exception,
+    classify_outcome,
+    crash_clue,
+    run_failed,
+    stuck_at,
+)
 from conformance.harness.pool import RankFailure, TaskOutcome
 
 
@@ -48,3 +55,47 @@ def test_exceptions_keep_their_class():
     assert classify_exception(ConformanceError("[s] rank 0: grads differ\n  more")).line() == "wrong value: [s] rank 0: grads differ"
     harness_bug = classify_exception(KeyError("x"))
     assert harness_bug.failure_class is FailureClass.INFRASTRUCTURE and "KeyError" in harness_bug.cause
+
+
+SEGV_LOG = """\
+[W init.cpp] some warning
+Fatal Python error: Segmentation fault
+
+Current thread 0x00007f (most recent call first):
+  File "/x/engine.py", line 12 in _reduce
+  File "/x/runner.py", line 40 in run
+"""
+ABORT_LOG = """terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  [enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4
+"""
+HANG_STACK = """Thread 0x0000aa (most recent call first):
+  File "/usr/lib/python3/threading.py", line 320 in wait
+
+Current thread 0x0000bb (most recent call first):
+  File "/site/torch/distributed/distributed_c10d.py", line 2501 in all_reduce
+  File "/x/runner.py", line 88 in run
+"""
+
+
+def test_a_crash_cause_carries_the_logs_fatal_line():
+    assert crash_clue(SEGV_LOG) == "Fatal Python error: Segmentation fault"
+    assert crash_clue(ABORT_LOG).startswith("terminate called after throwing an instance of 'gloo::EnforceNotMet' what():  [enforce")
+    assert crash_clue("loading...\nTraceback (most recent call last):\n  File x\ntorch.OutOfMemoryError: CUDA out of memory") \
+        == "torch.OutOfMemoryError: CUDA out of memory"
+    assert crash_clue("just chatter\nmore chatter") == ""
+    got = classify_outcome(_outcome(RankFailure(1, "died", "process exited with signal SIGSEGV while running c", log_tail=SEGV_LOG)))
+    assert got.cause == "rank 1: process exited with signal SIGSEGV while running c; log: Fatal Python error: Segmentation fault"
+
+
+def test_a_hang_cause_says_where_the_rank_waits():
+    assert stuck_at(HANG_STACK) == "all_reduce (distributed_c10d.py:2501)"
+    assert stuck_at("") == ""
+    got = classify_outcome(_outcome(RankFailure(0, "timeout", "waiting for result: no CPU used for 10 s", stack=HANG_STACK)))
+    assert got.cause == "rank 0: waiting for result: no CPU used for 10 s; stuck in all_reduce (distributed_c10d.py:2501)"
+
+
+def test_a_pool_that_would_not_start_names_the_ranks_error():
+    message = ("could not start ranks for w2/gloo/cpu: rank 1 died: process exited with exit status 1 while running start\n"
+               "--- rank 1 log ---\nTraceback (most recent call last):\nRuntimeError: The server socket has failed to listen")
+    got = classify_outcome(_outcome(RankFailure(1, "infrastructure", message)))
+    assert got.cause.endswith("; RuntimeError: The server socket has failed to listen"), got.cause

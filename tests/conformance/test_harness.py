@@ -51,13 +51,30 @@ def test_rank_that_exits(pool):
     _recovers(pool)
 
 
+def test_a_crash_says_its_cause_in_one_line(pool):
+    """The signal and the dead rank's last words (faulthandler's fatal error, the exception line)."""
+    from conformance.failure import FailureClass, classify_outcome
+
+    outcome = pool.run(PROBE + "abort_on", 1, timeout=30)
+    assert outcome.failures[1].kind == "died"
+    classified = classify_outcome(outcome)
+    assert classified.failure_class is FailureClass.CRASHED
+    assert "signal SIGABRT" in classified.cause and "Fatal Python error: Aborted" in classified.cause, classified.cause
+    assert "\n" not in classified.cause
+    _recovers(pool)
+
+
 def test_rank_that_hangs_in_a_collective(pool):
+    from conformance.failure import classify_outcome
+
     _recovers(pool)  # a warm world: the bound below is about the task, not a cold start
     outcome = pool.run(PROBE + "hang_on", 1, timeout=4)
     assert not outcome.ok and outcome.seconds < 15
     assert {f.kind for f in outcome.failures.values()} == {"timeout"}
     assert "time.sleep" in outcome.failures[1].stack or "hang_on" in outcome.failures[1].stack
     assert "all_reduce" in outcome.failures[0].stack
+    cause = classify_outcome(outcome).cause  # what the hung rank was waiting in, not only that it hung
+    assert cause.startswith("rank 0: waiting for result") and "; stuck in " in cause and "all_reduce" in cause, cause
     assert "4s timeout" in outcome.failures[0].message
     _recovers(pool)
 
