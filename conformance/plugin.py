@@ -51,6 +51,7 @@ class Session:
     timeout_scale: float = 1.0
     results: list[dict] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)
+    stopped: str = ""  # why the run ended before every selected case ran ("" when it did not)
     _pools: object = None
 
     @property
@@ -67,9 +68,22 @@ class Session:
 
     def pytest_runtest_logreport(self, report):
         """Collects results on the controller (xdist ships user_properties back to it)."""
-        for key, value in report.user_properties:
-            if key == "gradparity":
-                self.results.append(value)
+        recorded = [value for key, value in report.user_properties if key == "gradparity"]
+        self.results.extend(recorded)
+        if not recorded and report.failed:  # e.g. an xdist worker died mid-case: never a silent gap
+            from conformance.report.record import lost_case_record
+
+            lost = lost_case_record(report.nodeid, str(report.longrepr), known={r["case"] for r in self.results})
+            if lost is not None:
+                self.results.append(lost)
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        self.stopped = f"interrupted: {excinfo.typename}: {excinfo.value}".rstrip(": ")
+
+    def pytest_internalerror(self, excrepr, excinfo):
+        from conformance.failure import crash_clue, first_line
+
+        self.stopped = f"pytest internal error: {crash_clue(str(excrepr)) or first_line(str(excrepr))}"
 
 
 def _adapter_specs(config) -> list[str]:
@@ -270,19 +284,27 @@ def _short_failure(report, call) -> str:
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     gp = getattr(config, "_gradparity", None)
-    if gp is None or hasattr(config, "workerinput") or not gp.results:
+    if gp is None or hasattr(config, "workerinput"):
         return
+    gp.stopped = gp.stopped or str(session.shouldfail or session.shouldstop or "")
+    selected = getattr(session, "testscollected", 0) or 0  # 0 on an xdist controller: unknown there
+    if gp.stopped and selected > len(gp.results):
+        gp.stopped += f"; {selected - len(gp.results)} of {selected} selected cases have no result"
     report_dir = config.getoption("gradparity_report_dir")
-    if report_dir:
-        from conformance.report import write_reports
+    if report_dir and gp.results:
+        from conformance.report import run_info, write_reports
 
-        config._gradparity_written = write_reports(report_dir, gp.results, adapters=gp.adapters, config=config)
+        info = run_info.collect(profile=config.getoption("profile"), device=config.getoption("device"), adapters=gp.adapters)
+        info["stopped"] = gp.stopped or None
+        config._gradparity_written = write_reports(report_dir, gp.results, adapters=gp.adapters, config=config,
+                                                   run_info=info)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     gp = getattr(config, "_gradparity", None)
-    if gp is None or not gp.results:
+    if gp is None or not (gp.results or gp.stopped):
         return
     from conformance.report.terminal import print_summary
 
-    print_summary(terminalreporter, gp.results, getattr(config, "_gradparity_written", None), gp.unmatched)
+    print_summary(terminalreporter, gp.results, getattr(config, "_gradparity_written", None), gp.unmatched,
+                  stopped=gp.stopped)

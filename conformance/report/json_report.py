@@ -66,6 +66,7 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
         "run": {
             "command": info.get("command"),
             "launcher": info.get("launcher"),
+            "stopped": info.get("stopped"),  # why the run ended before every case ran; None when it did not
             "profile": profile,
             "device": devices,
             "backends": backends,

@@ -23,7 +23,8 @@ import xml.etree.ElementTree as ET
 from conformance.report.record import one_line
 
 SUITE_NAME = "gradparity"
-PROPERTY_KEYS = ("torch", "python", "backend", "device", "profile", "suite_version", "commit", "launcher", "command")
+PROPERTY_KEYS = ("torch", "python", "backend", "device", "profile", "suite_version", "commit", "launcher", "command",
+                 "stopped")
 
 
 def _text(value) -> str:

@@ -66,3 +66,22 @@ def one_line(record: dict) -> str:
         return f"[{record['failure_class']}] {record.get('cause') or ''}".rstrip()
     first = (record.get("message") or "").strip().splitlines()[:1]
     return first[0] if first else record["verdict"]
+
+
+def lost_case_record(nodeid: str, text: str, known: set[str] = frozenset()) -> dict | None:
+    """The record of a suite case whose pytest report carries none — the process running it died
+    (an xdist worker crash) — as an infrastructure `error` with pytest's line as its cause; None
+    for a node that is not a suite case, or a case already recorded (a teardown failure)."""
+    from conformance import catalogue
+    from conformance.failure import Classified, FailureClass, first_line
+
+    param = nodeid.rpartition("[")[2].rstrip("]") if nodeid.endswith("]") else ""
+    spec, sep, scenario_id = param.partition(CASE_SEPARATOR)
+    if not sep or param in known:
+        return None
+    scenario = next((s for s in catalogue.all_scenarios() if s.id == scenario_id), None)
+    if scenario is None:
+        return None
+    cause = f"no result: the process running this case died ({first_line(text) or 'no report'})"
+    return case_record(spec, scenario, verdict="error", message=text, duration_s=0.0,
+                       failure=Classified(FailureClass.INFRASTRUCTURE, cause))

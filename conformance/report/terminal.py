@@ -1,4 +1,9 @@
-"""The terminal summary: a table per adapter and the first line of every failure."""
+"""The terminal summary: a table per adapter, then one line per non-pass saying its cause.
+
+The cause line is the record's `[class] cause` (failure.py): for a crash the signal and the dead
+rank's last words from its log, for a hang where the rank waited, for an infrastructure error the
+rank's own exception — never only that something failed. A run that ended early says why.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +20,14 @@ COLUMNS = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
 BAD = ("failed", "error", "xpassed")
 
 
-def print_summary(terminalreporter, results: list[dict], written: dict | None, unmatched: list[str]) -> None:
+def print_summary(terminalreporter, results: list[dict], written: dict | None, unmatched: list[str], *,
+                  stopped: str = "") -> None:
     console = Console(file=terminalreporter._tw._file, force_terminal=None, width=max(100, terminalreporter._tw.fullwidth))
+    render(console, results, written, unmatched, stopped=stopped)
+
+
+def render(console: Console, results: list[dict], written: dict | None, unmatched: list[str], *, stopped: str = "") -> None:
+    """The summary on any rich console (the pytest plugin's, or a front end's own)."""
     by_adapter: dict[str, Counter] = defaultdict(Counter)
     for r in results:
         by_adapter[r["adapter"]][r["verdict"]] += 1
@@ -30,13 +41,18 @@ def print_summary(terminalreporter, results: list[dict], written: dict | None, u
             state = "[bold red]NOT CONFORMANT[/]"
         elif counts["error"]:
             state = "[bold red]NO VERDICT[/]"
+        elif stopped:  # cases that never ran cannot be called conformant
+            state = "[yellow]incomplete[/]"
         else:
             state = "[green]conformant[/]"
         table.add_row(adapter, *(str(counts[v]) for v in COLUMNS), state)
-    console.print(table)
+    if results:
+        console.print(table)
     for r in results:
         if r["verdict"] in BAD:
             console.print(f"[red]✗[/] {escape(r['case'])}: {escape(one_line(r))}", highlight=False)
+    if stopped:
+        console.print(f"[bold red]the run ended early[/]: {escape(stopped)}", highlight=False)
     for line in unmatched:
         console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
     if written:

@@ -103,9 +103,9 @@ def section(report: dict) -> str:
         passed = [(r, s) for r, s in drawable if r["verdict"] == "passed"]
         if not passed:
             why = ("its cases with stats did not pass (a failing run's timing is not a timeline of the algorithm)"
-                   if drawable else "it reports no per-bucket backward stats (an engine exposing `backward_stats()` "
-                   "or refimpl's `get_backward_stats()` gets one)")
-            parts.append(f"<li><b>{html.escape(spec)}</b>: no timeline — {html.escape(why)}</li>")
+                   if drawable else "it reports no per-bucket backward stats (an engine exposing <code>backward_stats()</code> "
+                   "or refimpl's <code>get_backward_stats()</code> gets one)")
+            parts.append(f"<li><b>{html.escape(spec)}</b>: no timeline — {why}</li>")
             continue
         result, stats = max(passed, key=lambda rs: (len(rs[1]["buckets"]), -len(rs[0]["scenario"]), rs[0]["scenario"]))
         others = len(passed) - 1

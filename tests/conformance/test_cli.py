@@ -148,7 +148,7 @@ def test_an_infrastructure_failure_is_an_error_everywhere(env, monkeypatch):
     reported as an `error` of class infrastructure: in JSON, JUnit and the terminal, never `failed`."""
     monkeypatch.setenv("GRADPARITY_STARTUP_TIMEOUT", "0.01")
     result = env.run("gradparity", "run", "--adapter", "torch-ddp", "--scenario", "ddp/plain/mlp/w2/fp32",
-                     "--report-dir", "out", timeout=300)
+                     "--scenario", "ddp/no-sync/mlp/w2/fp32", "-x", "--report-dir", "out", timeout=300)
     assert result.ret == 1
     report = json.loads((env.path / "out" / "gradparity.json").read_text())
     (case,) = report["results"]
@@ -161,3 +161,7 @@ def test_an_infrastructure_failure_is_an_error_everywhere(env, monkeypatch):
     out = " ".join(result.stdout.str().split())  # the terminal wraps long lines
     assert "[infrastructure] rank 0: could not start ranks for w2/gloo/cpu: rank 0 timeout: waiting for ready" in out
     assert "NO VERDICT" in out
+    # -x stopped the run after the first case: the reports and the terminal say so, and how much is missing
+    assert report["run"]["stopped"] == "stopping after 1 failures; 1 of 2 selected cases have no result"
+    assert 'name="stopped" value="stopping after 1 failures' in junit
+    assert "the run ended early: stopping after 1 failures; 1 of 2 selected cases have no result" in out

@@ -1,0 +1,92 @@
+"""The HTML report, its upstream links and bucket timelines, and the terminal summary, from records."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from conformance.failure import Classified, FailureClass
+from conformance.report import html, links, terminal, timeline
+from conformance.report.json_report import build_report
+from conformance.report.record import case_record, lost_case_record
+from tests.conformance.test_report import REASON, SCENARIO, SEEN, _records
+
+STATS = {"buckets": [
+    {"index": 0, "nbytes": 4096, "ready_ns": 1_000_000, "launch_ns": 1_500_000, "finish_ns": 4_000_000},
+    {"index": 1, "nbytes": 1024, "ready_ns": 2_000_000, "launch_ns": 3_000_000, "finish_ns": 6_000_000},
+], "backward_end_ns": 5_000_000}
+
+
+def _report(results=None) -> dict:
+    results = _records() if results is None else results
+    return build_report(results, adapters=sorted({r["adapter"] for r in results}), profile="quick",
+                        run_info={"command": "gradparity run", "commit": "abc123", "adapters": []})
+
+
+def test_upstream_references_become_links_and_the_rest_is_escaped():
+    text = "zeros (pytorch/pytorch#40566), see FairScale#354 and https://example.org/a?b=1 <b>"
+    out = links.linkify(text)
+    assert '<a href="https://github.com/pytorch/pytorch/issues/40566">pytorch/pytorch#40566</a>' in out
+    assert '<a href="https://github.com/facebookresearch/fairscale/issues/354">FairScale#354</a>' in out
+    assert '<a href="https://example.org/a?b=1">https://example.org/a?b=1</a>' in out
+    assert "&lt;b&gt;" in out and "<b>" not in out
+    assert links.linkify("ddp/plain/mlp/w2/fp32 step #3") == "ddp/plain/mlp/w2/fp32 step #3"
+
+
+def test_skip_and_xfail_reasons_are_written_out_not_only_in_tooltips():
+    page = html.render(_report())
+    notes = re.search(r'<ol class="reasons">(.*?)</ol>', page).group(1)
+    assert "skipped: refimpl-sharded lacks capability: no_sync" in notes
+    assert "expected failure: zeros instead of None (" in notes and "issues/40566" in notes
+    # the expected failure's table row: the reason beside the error actually seen
+    row = re.search(r"<h2>Expected failures</h2>.*?</table>", page, re.S).group(0)
+    assert "issues/40566" in row and "rank 1, step 0: grad of &#x27;fc1.weight&#x27; differs" in row
+    assert "abc123" in page and "gradparity run" in page  # provenance
+
+
+def test_one_timeline_per_adapter_with_a_time_axis_or_a_note_why_not():
+    records = _records()
+    with_stats = [case_record("refimpl-ddp", SCENARIO, verdict="passed", message="", duration_s=0.1)]
+    with_stats[0]["details"] = {"backward_stats": {"0": STATS}}
+    small = dict(with_stats[0], case="refimpl-ddp|other", scenario="ddp/other/mlp/w2/fp32",
+                 details={"backward_stats": {"0": dict(STATS, buckets=STATS["buckets"][:1])}})
+    section = timeline.section(_report(records + with_stats + [small]))
+    assert section.count("<svg") == 1  # one figure for refimpl-ddp: the case with the most buckets
+    assert "ddp/plain/mlp/w2/fp32</code>, rank 0's last backward, 2 bucket(s)" in section
+    assert "1 other passing case(s)" in section
+    assert ">0 ms<" in section and ">6 ms<" in section  # the time axis, round ticks
+    assert "bucket 0 · 4.0 KiB" in section
+    assert "<b>torch-ddp</b>: no timeline — it reports no per-bucket backward stats" in section
+
+
+def test_terminal_summary_says_each_cause_and_why_a_run_ended_early():
+    crashed = case_record("torch-ddp", SCENARIO, verdict="failed", message="...", duration_s=1.0, failure=Classified(
+        FailureClass.CRASHED, "rank 1: process exited with signal SIGSEGV while running x; log: Fatal Python error: Segmentation fault"))
+    out = io.StringIO()
+    terminal.render(Console(file=out, width=300), [crashed, _records()[0]], None, [], stopped="interrupted: KeyboardInterrupt")
+    text = out.getvalue()
+    assert "✗ torch-ddp|ddp/plain/mlp/w2/fp32: [crashed] rank 1: process exited with signal SIGSEGV" in text
+    assert "log: Fatal Python error: Segmentation fault" in text
+    assert "the run ended early: interrupted: KeyboardInterrupt" in text
+    out = io.StringIO()
+    terminal.render(Console(file=out, width=300), [_records()[0]], None, [], stopped="stopping after 1 failures")
+    assert "incomplete" in out.getvalue() and "conformant" not in out.getvalue()
+
+
+def test_a_case_whose_process_died_is_recorded_as_an_error_not_lost():
+    nodeid = "conformance/suite/test_ddp.py::test_ddp[torch-ddp|ddp/plain/mlp/w2/fp32]"
+    lost = lost_case_record(nodeid, "worker 'gw0' crashed while running '...'")
+    assert lost["verdict"] == "error" and lost["failure_class"] == "infrastructure"
+    assert lost["cause"] == "no result: the process running this case died (worker 'gw0' crashed while running '...')"
+    assert lost_case_record(nodeid, "x", known={"torch-ddp|ddp/plain/mlp/w2/fp32"}) is None  # a teardown failure
+    assert lost_case_record("tests/test_x.py::test_y", "x") is None
+
+
+def test_xfailed_record_in_the_failures_of_a_strict_pass():
+    xpassed = case_record("torch-ddp", SCENARIO, verdict="xpassed", message="[XPASS(strict)] r", duration_s=0.1,
+                          xfail_reason=REASON)
+    page = html.render(_report([xpassed]))
+    assert "listed as an expected failure:</b> zeros instead of None" in page
+    assert SEEN not in page
