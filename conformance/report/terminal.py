@@ -58,3 +58,9 @@ def render(console: Console, results: list[dict], written: dict | None, unmatche
     if written:
         for kind, path in written.items():
             console.print(f"{kind} report: {path}", highlight=False)
+
+
+def print_run_summary(results: list[dict], written: dict | None, unmatched: list[str], console=None, *,
+                      stopped: str = "") -> None:
+    """The same summary outside pytest (torchrun, scripts): on `console`, or stdout."""
+    render(console or Console(width=120, highlight=False), results, written, unmatched, stopped=stopped)

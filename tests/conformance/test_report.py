@@ -100,6 +100,15 @@ def test_no_commit_outside_a_checkout_and_never_an_enclosing_repos(tmp_path, mon
     assert provenance._git_commit(str(tmp_path / "nowhere")) is None
 
 
+def test_ddp_class_version_is_its_distributions_even_when_the_import_name_differs():
+    from importlib.metadata import version
+    from types import SimpleNamespace
+
+    adapter = SimpleNamespace(cls=type("MyDDP", (), {}), version="unknown")
+    # import name `xdist`, distribution `pytest-xdist`
+    assert provenance.adapter_version("ddp-class=xdist.plugin:MyDDP", adapter) == version("pytest-xdist")
+
+
 def test_unknown_ddp_class_package_version_is_unknown_not_a_crash():
     from types import SimpleNamespace
 
