@@ -96,13 +96,13 @@ def _time_interleaved(bucketers, group, inputs, reps):
     return {name: statistics.median(t) for name, t in times.items()}, outputs
 
 
-def _rank(rank, port, out_dir, reps):
+def _rank(rank, out_dir, reps):
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # deprecation chatter from FairScale's private calls
-    timeout = datetime.timedelta(seconds=60)
-    store = dist.TCPStore("127.0.0.1", port, WORLD_SIZE + 1, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE,
-                            timeout=timeout)
+    from conformance.harness.network import join_local_group
+
+    # A FileStore in the private out_dir and gloo on loopback: no listener off loopback.
+    join_local_group(os.path.join(out_dir, "store"), rank, WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
     from refimpl.sharded.bucketer import ReduceScatterBucketer
 
     group = dist.group.WORLD
@@ -145,10 +145,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     reps = 5 if args.quick else 30
 
-    store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, is_master=True,
-                          wait_for_workers=False, timeout=datetime.timedelta(seconds=60))
-    with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_rank, args=(store.port, out_dir, reps), nprocs=WORLD_SIZE,
+    with tempfile.TemporaryDirectory(prefix="gradparity-bench-") as out_dir:  # private (0700)
+        ctx = mp.start_processes(_rank, args=(out_dir, reps), nprocs=WORLD_SIZE,
                                  join=False, start_method="spawn")
         deadline = time.monotonic() + 600
         while not ctx.join(timeout=5):

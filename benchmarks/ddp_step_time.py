@@ -211,11 +211,12 @@ def memory_body(rank, world, impl, as_view, model_name, steps, out_path):
 
 
 # ---------------------------------------------------------------- worlds
-def _entry(rank, world, port, body, args):
+def _entry(rank, world, store_path, body, args):
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT.parent))
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=TIMEOUT)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+    from conformance.harness.network import join_local_group
+
+    join_local_group(store_path, rank, world, timeout=TIMEOUT)  # FileStore + gloo on loopback: no listener off it
     try:
         body(rank, world, *args)
         dist.barrier()
@@ -224,11 +225,11 @@ def _entry(rank, world, port, body, args):
 
 
 def run_world(body, world, *args, timeout=900.0) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="gradparity-bench-") as tmp:  # private (0700): the store lives here
         out = os.path.join(tmp, "result.json")
-        store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
         ctx = mp.start_processes(
-            _entry, args=(world, store.port, body, (*args, out)), nprocs=world, join=False, start_method="spawn"
+            _entry, args=(world, os.path.join(tmp, "store"), body, (*args, out)), nprocs=world, join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout
         try:

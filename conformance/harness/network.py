@@ -45,6 +45,20 @@ def pin_to_loopback() -> None:
     os.environ.update(loopback_env())
 
 
+def join_local_group(store_path: str, rank: int, world_size: int, *, timeout, backend: str = "gloo") -> None:
+    """Join a process group of local ranks with no listener off loopback ([Note: loopback]).
+
+    `store_path` is a file in a private (0700) temp dir the launcher made, e.g. inside
+    `tempfile.TemporaryDirectory()`; every rank of the world passes the same path.
+    Benchmarks and test worlds use it; the warm pool's ranks do the same in `service.serve`.
+    """
+    pin_to_loopback()  # before torch.distributed creates a transport
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
 @dataclass(frozen=True)
 class Listener:
     address: str

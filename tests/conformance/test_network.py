@@ -62,3 +62,41 @@ def test_a_local_pool_listens_on_loopback_only():
         assert not wide, f"listening beyond loopback: {wide}"
     finally:
         pool.close()
+
+
+def _benchmark_world_listeners(rank, world, out):
+    """A benchmark world's rank body: every listener this rank and the launcher (its parent: where a
+    TCPStore server would live) hold after a gloo all-reduce."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1))
+    mine = [(str(s), s.loopback) for s in listeners_of([os.getpid()] + ([os.getppid()] if rank == 0 else []))]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(everyone, fh)
+
+
+@linux_only
+@pytest.mark.slow
+@pytest.mark.xdist_group("network")
+def test_benchmark_worlds_listen_on_loopback_only():
+    """benchmarks/ddp_step_time.py's (and bucketer_time.py's) worlds: FileStore + gloo on loopback."""
+    import importlib
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, bench)  # spawned ranks import the benchmark module by name
+    try:
+        ddp_step_time = importlib.import_module("ddp_step_time")
+        per_rank = ddp_step_time.run_world(_benchmark_world_listeners, 2, timeout=300)
+    finally:
+        sys.path.remove(bench)
+    print(f"listening sockets of a benchmark world, per rank: {per_rank}", file=sys.stderr)
+    assert all(per_rank), "gloo listens somewhere: finding no socket means the check is blind"
+    wide = [address for rank in per_rank for address, loopback in rank if not loopback]
+    assert not wide, f"listening beyond loopback: {wide}"

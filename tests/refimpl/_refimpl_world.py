@@ -28,12 +28,10 @@ TIMEOUT = timedelta(seconds=600)
 def _entry(rank, fn, world_size, store_path, out_dir, args):
     import torch
 
-    from conformance.harness.network import pin_to_loopback
+    from conformance.harness.network import join_local_group
 
-    pin_to_loopback()
     torch.set_num_threads(1)
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
+    join_local_group(store_path, rank, world_size, timeout=TIMEOUT)
     try:
         result = fn(rank, world_size, *args)
         dist.barrier()
