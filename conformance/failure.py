@@ -84,11 +84,15 @@ def crash_clue(text: str, limit: int = 240) -> str:
     return exceptions[-1][:limit] if exceptions else ""
 
 
-def stuck_at(stack: str) -> str:
-    """Where a hung rank's main thread was waiting: the innermost frame of faulthandler's dump
-    (`fn (file.py:N)`), or "" when there is no stack."""
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack or "")
-    main = next((b for b in reversed(blocks) if b.lstrip().startswith("Current thread")), blocks[-1] if blocks else "")
+def stuck_at(stack: str, *, need_header: bool = False) -> str:
+    """Where a rank's thread was: the innermost frame of faulthandler's dump (`fn (file.py:N)`),
+    or "" when there is no stack. `need_header`: only from a dump whose "Current thread" header
+    survived (a log tail may have cut off the innermost frames of a deep stack)."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x|Stack \(most recent call first\))", stack or "")
+    current = [b for b in blocks if b.lstrip().startswith(("Current thread", "Stack (most recent call first)"))]
+    if need_header and not current:
+        return ""
+    main = current[-1] if current else (blocks[-1] if blocks else "")
     for line in main.splitlines():  # faulthandler lists the most recent call first
         m = _FRAME.match(line)
         if m:
@@ -102,6 +106,8 @@ def _cause(failure) -> str:
     cause = f"rank {failure.rank}: {first_line(failure.message)}"
     if failure.kind == "died":
         clue = crash_clue(f"{failure.log_tail}\n{failure.traceback}")
+        where = stuck_at(failure.log_tail, need_header=True) if clue.startswith("Fatal Python error") else ""
+        clue += f" in {where}" if where else ""
         return f"{cause}; log: {clue}" if clue else cause
     if failure.kind in ("timeout", "no-answer"):
         where = stuck_at(failure.stack)

@@ -291,7 +291,7 @@ class RankPool:
                 stacks[rank] = "(no stack file)"
         return stacks
 
-    def _log_tail(self, rank: int, lines: int = 20) -> str:
+    def _log_tail(self, rank: int, lines: int = 60) -> str:  # enough for a fatal signal's whole stack dump
         try:
             with open(os.path.join(self._workdir or "", f"rank{rank}.log"), errors="replace") as fh:
                 return "".join(fh.readlines()[-lines:])

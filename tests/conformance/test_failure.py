@@ -84,7 +84,13 @@ def test_a_crash_cause_carries_the_logs_fatal_line():
         == "torch.OutOfMemoryError: CUDA out of memory"
     assert crash_clue("just chatter\nmore chatter") == ""
     got = classify_outcome(_outcome(RankFailure(1, "died", "process exited with signal SIGSEGV while running c", log_tail=SEGV_LOG)))
-    assert got.cause == "rank 1: process exited with signal SIGSEGV while running c; log: Fatal Python error: Segmentation fault"
+    assert got.cause == ("rank 1: process exited with signal SIGSEGV while running c; "
+                         "log: Fatal Python error: Segmentation fault in _reduce (engine.py:12)")
+    cut = SEGV_LOG.replace("Current thread 0x00007f (most recent call first):\n", "")  # the tail lost the header
+    got = classify_outcome(_outcome(RankFailure(1, "died", "process exited with signal SIGSEGV", log_tail=cut)))
+    assert got.cause.endswith("log: Fatal Python error: Segmentation fault")
+    single = SEGV_LOG.replace("Current thread 0x00007f (most recent call first):", "Stack (most recent call first):")
+    assert stuck_at(single, need_header=True) == "_reduce (engine.py:12)"  # faulthandler without all_threads
 
 
 def test_a_hang_cause_says_where_the_rank_waits():
