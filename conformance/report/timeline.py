@@ -15,6 +15,7 @@ import html
 import math
 
 WIDTH, ROW, LABEL_W = 560, 14, 96
+MAX_ROWS = 24  # buckets per figure: a compact figure beats a complete one
 TIMED_AREAS = ("ddp", "sharded")  # the areas whose runner records backward stats
 
 
@@ -107,12 +108,19 @@ def section(report: dict) -> str:
                    "or refimpl's <code>get_backward_stats()</code> gets one)")
             parts.append(f"<li><b>{html.escape(spec)}</b>: no timeline — {why}</li>")
             continue
-        result, stats = max(passed, key=lambda rs: (len(rs[1]["buckets"]), -len(rs[0]["scenario"]), rs[0]["scenario"]))
+        # the most buckets that still fit a compact figure; past MAX_ROWS, the fewest
+        result, stats = max(passed, key=lambda rs: (len(rs[1]["buckets"]) <= MAX_ROWS,
+                                                    len(rs[1]["buckets"]) * (1 if len(rs[1]["buckets"]) <= MAX_ROWS else -1),
+                                                    -len(rs[0]["scenario"]), rs[0]["scenario"]))
+        shown = len(stats["buckets"])
+        if shown > MAX_ROWS:
+            stats = dict(stats, buckets=stats["buckets"][:MAX_ROWS])
         others = len(passed) - 1
         parts.append(
             f"<li><b>{html.escape(spec)}</b>: <code>{html.escape(result['scenario'])}</code>, rank 0's last backward, "
-            f"{len(stats['buckets'])} bucket(s)"
-            + (f" <small>({others} other passing case(s) recorded stats too; the one with the most buckets is drawn)</small>"
+            f"{shown} bucket(s)" + (f", the first {MAX_ROWS} drawn" if shown > MAX_ROWS else "")
+            + (f" <small>({others} other passing case(s) recorded stats too; the one with the most buckets "
+               f"(up to {MAX_ROWS}) is drawn)</small>"
                if others else "")
             + f"<br>{svg(stats)}</li>")
     if not parts:

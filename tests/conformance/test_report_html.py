@@ -90,3 +90,27 @@ def test_xfailed_record_in_the_failures_of_a_strict_pass():
     page = html.render(_report([xpassed]))
     assert "listed as an expected failure:</b> zeros instead of None" in page
     assert SEEN not in page
+
+
+def test_a_figure_stays_compact_when_a_case_has_many_buckets():
+    many = {"buckets": [dict(STATS["buckets"][0], index=i) for i in range(40)], "backward_end_ns": 5_000_000}
+    base = case_record("refimpl-ddp", SCENARIO, verdict="passed", message="", duration_s=0.1)
+    tall = dict(base, details={"backward_stats": {"0": many}})
+    section = timeline.section(_report([tall]))
+    assert "40 bucket(s), the first 24 drawn" in section and section.count("<rect") == 2 * 24
+    fits = dict(base, case="refimpl-ddp|b", scenario="ddp/b/mlp/w2/fp32", details={"backward_stats": {"0": STATS}})
+    assert "ddp/b/mlp/w2/fp32</code>" in timeline.section(_report([tall, fits]))  # one that fits wins
+
+
+def test_a_case_whose_worker_died_reaches_the_results_through_the_plugin():
+    """xdist reports a crashed worker's case with no gradparity record: the session records it."""
+    from types import SimpleNamespace
+
+    from conformance.plugin import Session
+
+    session = Session(config=None, adapters=["torch-ddp"])
+    nodeid = "conformance/suite/test_ddp.py::test_ddp[torch-ddp|ddp/plain/mlp/w2/fp32]"
+    session.pytest_runtest_logreport(SimpleNamespace(user_properties=[], failed=True, nodeid=nodeid,
+                                                     longrepr="worker 'gw1' crashed while running it"))
+    (record,) = session.results
+    assert record["verdict"] == "error" and "worker 'gw1' crashed" in record["cause"]
