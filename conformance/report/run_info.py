@@ -108,6 +108,7 @@ def suite_provenance() -> dict:
     return info
 
 
+@functools.cache
 def distribution_version(module_name: str) -> str | None:
     """The version of the installed distribution that provides top-level package `module_name`."""
     top = module_name.split(".")[0]

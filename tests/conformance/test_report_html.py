@@ -114,3 +114,5 @@ def test_a_case_whose_worker_died_reaches_the_results_through_the_plugin():
                                                      longrepr="worker 'gw1' crashed while running it"))
     (record,) = session.results
     assert record["verdict"] == "error" and "worker 'gw1' crashed" in record["cause"]
+    session.pytest_keyboard_interrupt(SimpleNamespace(typename="KeyboardInterrupt", value=""))
+    assert session.stopped == "interrupted: KeyboardInterrupt"
