@@ -11,11 +11,8 @@ from conformance.catalogue.bucketer import chunk, must_be_immediate, plan, shard
 from conformance.compare import ConformanceError
 from conformance.mutants import bucketer as zoo
 from conformance.runners import bucketer as driver
-
-
-def _get(scenario_id):
-    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
-
+from tests.conformance.area_cases import assert_caught, mutant_spec
+from tests.conformance.area_cases import scenario as _get
 
 MIXED = "bucketer/mixed/0.0005mb/w2/fp32-fp64-i64-fp16"
 OVERSIZED = "bucketer/oversized/0.01mb/w2/fp32"
@@ -102,12 +99,8 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_broken_bucketers_are_caught_where_they_fire(session, name):
     scenario_id, needle = CAUGHT[name]
-    spec = f"conformance.mutants.bucketer:{name.replace('-', '_')}"
-    with pytest.raises(ConformanceError) as info:
-        driver.check(_get(scenario_id), spec, session)
-    message = str(info.value)
-    assert scenario_id in message and needle in message, message
-    assert "rank " in message and "repro: gradparity run" in message
+    caught = assert_caught(lambda s, spec: driver.check(s, spec, session), scenario_id, mutant_spec("bucketer", name), needle)
+    assert "rank " in str(caught) and "repro: gradparity run" in str(caught)
 
 
 @pytest.mark.slow

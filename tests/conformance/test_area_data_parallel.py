@@ -10,12 +10,11 @@ from conformance import catalogue
 from conformance.adapters import registry
 from conformance.compare import ConformanceError
 from conformance.runners import data_parallel as driver
+from tests.conformance.area_cases import assert_caught, mutant_spec
+from tests.conformance.area_cases import scenario as _get
 
 MUTANTS = "conformance.mutants.data_parallel:"
 
-
-def _get(scenario_id):
-    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
 
 
 def test_catalogue_covers_the_issue():
@@ -71,14 +70,12 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_broken_implementations_are_caught_where_they_fire(name):
     scenario_id, needle = CAUGHT[name]
-    spec = MUTANTS + name.replace("-", "_")
+    spec = mutant_spec("data_parallel", name)
     adapter = registry.load(spec)
     before = adapter.mutation_fired
-    with pytest.raises(ConformanceError) as info:
-        driver.check(_get(scenario_id), spec)
-    message = str(info.value)
+    caught = assert_caught(driver.check, scenario_id, spec, needle)
     assert adapter.mutation_fired > before, f"{name} failed {scenario_id} without its bug firing"
-    assert scenario_id in message and needle in message and "repro: gradparity run" in message, message
+    assert "repro: gradparity run" in str(caught), str(caught)
 
 
 def test_the_zoo_base_passes_through_the_same_path():

@@ -7,12 +7,10 @@ import pytest
 from conformance import catalogue
 from conformance.compare import ConformanceError
 from conformance.runners import dist_autograd as driver
+from tests.conformance.area_cases import scenario as _get
 
 MUTANT = "conformance.adapters.dist_autograd:mutant_loses_second_send"
 
-
-def _get(scenario_id):
-    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
 
 
 def test_catalogue_covers_the_issue():

@@ -10,12 +10,11 @@ from conformance import catalogue
 from conformance.compare import ConformanceError
 from conformance.mutants import dist_autograd as zoo
 from conformance.runners import dist_autograd as driver
+from tests.conformance.area_cases import assert_caught, mutant_spec
+from tests.conformance.area_cases import scenario as _get
 
 PREFIX = "conformance.mutants.dist_autograd:"
 
-
-def _get(scenario_id):
-    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
 
 
 def test_every_clause_has_a_mutant_and_a_scenario():
@@ -56,12 +55,9 @@ def test_broken_implementations_are_caught_where_they_fire(session, name):
 
     session.pools.get = lambda topology: Recording(pool_run(topology))
     try:
-        with pytest.raises(ConformanceError) as info:
-            driver.check(_get(scenario_id), PREFIX + name.replace("-", "_"), session)
+        assert_caught(lambda s, spec: driver.check(s, spec, session), scenario_id, mutant_spec("dist_autograd", name), needle)
     finally:
         del session.pools.get
-    message = str(info.value)
-    assert scenario_id in message and needle in message, message
     assert outcomes[-1].values[0]["mutation_fired"] > 0, f"{name} failed without its bug firing"
 
 

@@ -9,10 +9,8 @@ from conformance.adapters import registry
 from conformance.compare import ConformanceError
 from conformance.runners import ddp as driver
 from conformance.spec import Capability as C
-
-
-def _get(scenario_id):
-    return next(s for s in catalogue.all_scenarios() if s.id == scenario_id)
+from tests.conformance.area_cases import assert_caught, mutant_spec
+from tests.conformance.area_cases import scenario as _get
 
 
 def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
@@ -84,12 +82,8 @@ CAUGHT = {
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_broken_engines_are_caught_where_they_fire(session, name):
     scenario_id, needle = CAUGHT[name]
-    spec = f"conformance.mutants.sharded:{name.replace('-', '_')}"
-    with pytest.raises(ConformanceError) as info:
-        driver.check(_get(scenario_id), spec, session)
-    message = str(info.value)
-    assert scenario_id in message and needle in message, message
-    fired = [s["mutation_fired"] for s in info.value.details["backward_stats"].values()]
+    caught = assert_caught(lambda s, spec: driver.check(s, spec, session), scenario_id, mutant_spec("sharded", name), needle)
+    fired = [s["mutation_fired"] for s in caught.details["backward_stats"].values()]
     assert sum(fired) > 0, f"{name} failed without its bug firing"
 
 
