@@ -22,7 +22,10 @@ TIMED_AREAS = ("ddp", "sharded")  # the areas whose runner records backward stat
 def stats_of(result: dict) -> dict | None:
     """Rank 0's backward stats of a case, if it has buckets to draw (JSON turns rank keys into strings)."""
     per_rank = (result.get("details") or {}).get("backward_stats") or {}
-    stats = per_rank.get(0) or per_rank.get("0") if isinstance(per_rank, dict) else None
+    if not isinstance(per_rank, dict):
+        return None
+    # {rank: stats} as the DDP runner records it, or rank 0's stats alone (the zoo's records)
+    stats = per_rank if "buckets" in per_rank else (per_rank.get(0) or per_rank.get("0"))
     if isinstance(stats, dict) and stats.get("buckets"):
         return stats
     return None

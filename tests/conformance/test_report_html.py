@@ -92,6 +92,12 @@ def test_xfailed_record_in_the_failures_of_a_strict_pass():
     assert SEEN not in page
 
 
+def test_rank_zeros_stats_alone_are_drawn_too():
+    record = dict(case_record("refimpl-ddp", SCENARIO, verdict="passed", message="", duration_s=0.1),
+                  details={"backward_stats": STATS})  # the zoo's records keep rank 0's stats only
+    assert timeline.stats_of(record) is STATS and timeline.section(_report([record])).count("<svg") == 1
+
+
 def test_a_figure_stays_compact_when_a_case_has_many_buckets():
     many = {"buckets": [dict(STATS["buckets"][0], index=i) for i in range(40)], "backward_end_ns": 5_000_000}
     base = case_record("refimpl-ddp", SCENARIO, verdict="passed", message="", duration_s=0.1)
