@@ -43,3 +43,13 @@ def test_the_page_has_the_matrix_wall_times_and_one_line_per_finding():
     assert any("UNEXPECTED FAILURE" in line and "eng-b" in line for line in findings)
     assert any("declared: buffers: never" in line and "eng-a docs" in line for line in findings)
     assert "Not runnable on CPU here" in text and "Horovod" in text
+
+
+def test_an_expected_failure_is_listed_by_its_reason_not_the_error_seen():
+    """Schema 3 keeps the error seen in `message` and the xfail entry's reason in `xfail_reason`."""
+    report = dict(REPORT, results=[
+        dict(_result("eng-a", "ddp/unused-on-all/branches/w2/fp32", "xfailed", "[ddp/unused-on-all] rank 0: grads differ"),
+             xfail_reason="zeros instead of None (x/y#1)"),
+    ])
+    findings = [line for line in compatibility.render([report]).splitlines() if line.startswith("- **eng-a** — expected")]
+    assert findings == ["- **eng-a** — expected failure: zeros instead of None (x/y#1) (1 case: `ddp/unused-on-all/branches/w2/fp32`)"]
