@@ -11,6 +11,7 @@ import sys
 
 from conformance import catalogue
 from conformance.adapters import registry
+from conformance.failure import EXIT_INFRASTRUCTURE_ONLY, only_infrastructure_errors
 from conformance.validation import (
     UsageError,
     check_expectations_file,
@@ -31,11 +32,13 @@ class OneLineParser(argparse.ArgumentParser):
 EPILOG = """\
 --ddp-class capabilities: a scenario needing a capability the class lacks is skipped with the
 capability named. Detected: no_sync (method no_sync), comm_hook (method register_comm_hook),
-bucket_cap_mb / gradient_as_bucket_view / static_graph / broadcast_buffers (constructor
-keywords). Opt out explicitly with a class attribute, e.g.
+join (method join), bucket_cap_mb / gradient_as_bucket_view / static_graph / broadcast_buffers /
+mixed_precision (constructor keywords). Opt out explicitly with a class attribute, e.g.
     gradparity_capabilities = frozenset({Capability.NO_SYNC})   # from conformance.spec
-Exit status: 0 conformant, 1 a failure or an infrastructure error, 2 bad input (one line,
-before any process starts)."""
+Exit status: 0 conformant; 1 a failure (wrong value, raised, crashed, hung) or a strict xfail
+that passed; 2 bad input (one line, before any process starts); 3 no failure, but every
+non-pass is an infrastructure error (pool start, rendezvous, the harness: rerun or fix the
+machine, not the implementation), or pytest itself failed."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,7 +133,25 @@ def cmd_run(args) -> int:
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         print("gradparity: no scenario matched the selection; see `gradparity list`", file=sys.stderr)
         return 2
+    if code == pytest.ExitCode.TESTS_FAILED and _only_infrastructure_errors(args.report_dir):
+        print("gradparity: no failure, but only infrastructure errors (pool start, rendezvous, harness): "
+              f"exit status {EXIT_INFRASTRUCTURE_ONLY}", file=sys.stderr)
+        return EXIT_INFRASTRUCTURE_ONLY
     return int(code)
+
+
+def _only_infrastructure_errors(report_dir: str) -> bool:
+    """What the run's JSON report says (an unreadable report keeps exit status 1)."""
+    import json
+    from pathlib import Path
+
+    from conformance.report import JSON
+
+    try:
+        report = json.loads((Path(report_dir) / JSON).read_text())
+    except (OSError, ValueError):
+        return False
+    return only_infrastructure_errors(report)
 
 
 def cmd_list(args) -> int:

@@ -175,3 +175,20 @@ def run_failed(scenario_id: str, adapter_spec: str, outcome, *, where: str = "",
     head = f"[{scenario_id}] adapter {adapter_spec}: {classified.line()}" + (f" (on {where})" if where else "")
     tail = f"\n  repro: {repro}" if repro else ""
     return RunFailed(f"{head}\n{outcome.render_failures()}{tail}", classified)
+
+
+# `gradparity run`'s exit status when the run judged nothing wrong in the implementation but
+# could not judge all of it: every non-pass is an infrastructure error (pool start, rendezvous,
+# the harness). pytest's own internal error is 3 as well: in both, the run has no verdict.
+EXIT_INFRASTRUCTURE_ONLY = 3
+
+
+def only_infrastructure_errors(report: dict) -> bool:
+    """Whether a finished run's only non-passes are infrastructure errors (from its JSON report).
+
+    Nothing failed, no strict xfail passed, and every `error` case is of class infrastructure.
+    """
+    summary = report.get("summary") or {}
+    errors = [r for r in report.get("results") or [] if r.get("verdict") == "error"]
+    return (bool(errors) and not summary.get("failed") and not summary.get("xpassed")
+            and all(r.get("failure_class") == FailureClass.INFRASTRUCTURE.value for r in errors))

@@ -105,3 +105,19 @@ def test_a_pool_that_would_not_start_names_the_ranks_error():
                "--- rank 1 log ---\nTraceback (most recent call last):\nRuntimeError: The server socket has failed to listen")
     got = classify_outcome(_outcome(RankFailure(1, "infrastructure", message)))
     assert got.cause.endswith("; RuntimeError: The server socket has failed to listen"), got.cause
+
+
+def test_exit_status_3_only_when_every_non_pass_is_an_infrastructure_error():
+    from conformance.failure import only_infrastructure_errors
+
+    def report(*cases, **summary):
+        return {"summary": {"failed": 0, "xpassed": 0, **summary},
+                "results": [{"verdict": v, "failure_class": c} for v, c in cases]}
+
+    infra = ("error", "infrastructure")
+    assert only_infrastructure_errors(report(("passed", None), infra, ("xfailed", "raised")))
+    assert not only_infrastructure_errors(report(("passed", None)))  # nothing went wrong at all
+    assert not only_infrastructure_errors(report(infra, ("failed", "wrong value"), failed=1))  # a real failure wins
+    assert not only_infrastructure_errors(report(infra, ("xpassed", None), xpassed=1))  # a strict xfail passed
+    assert not only_infrastructure_errors(report(infra, ("error", None)))  # an error of no known class
+    assert not only_infrastructure_errors({})
