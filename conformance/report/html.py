@@ -187,6 +187,7 @@ def render(report: dict) -> str:
 <tr><td>torch</td><td>{_e(env['torch'])} on Python {_e(env['python'])}, {_e(env['platform'])}</td></tr>
 <tr><td>run</td><td>profile {_e(run['profile'])}; device {_e(', '.join(run['device']))}; backends {_e(', '.join(run['backends']))};
 world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
+{f'<tr><td><b>ended early</b></td><td style="color:#c62828">{_e(run["stopped"])}</td></tr>' if run.get('stopped') else ''}
 </table>
 <h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th><th>owns</th>
 <th>declared deviations from torch DDP</th></tr>{adapters}</table>

@@ -106,9 +106,11 @@ def section(report: dict) -> str:
         drawable = [(r, s) for r, s in drawable if s]
         passed = [(r, s) for r, s in drawable if r["verdict"] == "passed"]
         if not passed:
-            why = ("its cases with stats did not pass (a failing run's timing is not a timeline of the algorithm)"
-                   if drawable else "it reports no per-bucket backward stats (an engine exposing <code>backward_stats()</code> "
-                   "or refimpl's <code>get_backward_stats()</code> gets one)")
+            if not any(r["verdict"] == "passed" for r in results):
+                why = "none of its cases passed (a failing case's timing is not a timeline of the algorithm)"
+            else:
+                why = ("it reports no per-bucket backward stats (an engine exposing <code>backward_stats()</code> "
+                       "or refimpl's <code>get_backward_stats()</code> gets one)")
             parts.append(f"<li><b>{html.escape(spec)}</b>: no timeline — {why}</li>")
             continue
         # the most buckets that still fit a compact figure; past MAX_ROWS, the fewest

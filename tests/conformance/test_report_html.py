@@ -92,6 +92,19 @@ def test_xfailed_record_in_the_failures_of_a_strict_pass():
     assert SEEN not in page
 
 
+def test_no_false_claim_about_an_adapter_whose_cases_all_failed():
+    section = timeline.section(_report([_records()[1]]))  # refimpl-ddp: one failed case, no stats
+    assert "none of its cases passed" in section and "reports no per-bucket" not in section
+
+
+def test_a_run_that_ended_early_says_so_at_the_top_of_the_page():
+    report = build_report(_records(), adapters=["torch-ddp"], profile="quick",
+                          run_info={"stopped": "stopping after 1 failures; 3 of 8 selected cases have no result"})
+    page = html.render(report)
+    assert "ended early" in page and "3 of 8 selected cases have no result" in page
+    assert "ended early" not in html.render(_report())
+
+
 def test_rank_zeros_stats_alone_are_drawn_too():
     record = dict(case_record("refimpl-ddp", SCENARIO, verdict="passed", message="", duration_s=0.1),
                   details={"backward_stats": STATS})  # the zoo's records keep rank 0's stats only
