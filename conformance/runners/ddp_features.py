@@ -66,6 +66,11 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
         scenario.model, model_kwargs(scenario, feats, oracle=False), seed=seed, rank=ctx.rank,
         dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
     )
+    if feats.compile:
+        # A fresh process's compile, whatever this warm rank compiled before: Dynamo's cache
+        # does not guard on the wrapper (torch DDP's DDPOptimizer splits the graph at the
+        # bucket boundaries of the first DDP it compiled under, and a later case reused them).
+        torch.compiler.reset()
     if feats.compile == "model":
         model = torch.compile(model, backend=feats.compile_backend)
     from conformance.adapters.protocol import owned
