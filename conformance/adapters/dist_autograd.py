@@ -121,9 +121,9 @@ class TorchDistAutograd:
         return rpc.remote(to, fn, args=args)
 
     def debug_info(self):
-        import torch.distributed.autograd as da
+        from refimpl import _torch_compat as compat
 
-        info = da._get_debug_info()  # strings; the only public view of a worker's contexts
+        info = compat.dist_autograd_debug_info()  # strings; the only view of a worker's contexts
         return {k: int(info[k]) for k in ("num_autograd_contexts", "num_current_backward_passes") if k in info}
 
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from conformance.spec import Capability, Scenario, WrapOptions
+from refimpl import _torch_compat as compat
 
 C = Capability
 
@@ -148,12 +149,10 @@ class FSDPWrapped:
         """Inside no_sync() FSDP keeps the local *unsharded* flat gradient on the FlatParameter
         (``summon_full_params(with_grads=True)`` then asserts it is sharded); split it with
         the handle's own unflattening (private, read only)."""
-        handle = self.fsdp._handle
-        flat = handle.flat_param
+        flat = compat.fsdp_flat_param(self.fsdp)
         by_name: dict[str, Tensor | None] = {}
         if flat.grad is not None and flat.grad.numel() != flat.numel():
-            views = handle._get_unflat_views(flat.grad)
-            by_name = dict(zip(flat._fqns, views, strict=True))
+            by_name = compat.fsdp_unflat_views(self.fsdp, flat.grad)
         return {n: _cpu(by_name.get(n)) for n, p in self._names() if p.requires_grad}
 
     def _names(self) -> list[tuple[str, nn.Parameter]]:
@@ -268,13 +267,7 @@ class FSDP2Wrapped:
 
 
 def _fully_shard():
-    from torch.distributed import fsdp
-
-    if hasattr(fsdp, "fully_shard"):
-        return fsdp.fully_shard
-    from torch.distributed._composable.fsdp import fully_shard  # torch < 2.6
-
-    return fully_shard
+    return compat.composable_fully_shard()
 
 
 class TorchFSDP2:

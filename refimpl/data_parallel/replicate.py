@@ -41,6 +41,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from .._torch_compat import MODULE_BUFFERS, MODULE_CHILDREN, MODULE_PARAMETERS
 from ..nested import is_namedtuple
 from .devices import DeviceLike, normalize_devices
 
@@ -159,9 +160,9 @@ def _replica_state_dict(*args, **kwargs):
 def _shallow_copy(module: nn.Module, info: ReplicaInfo) -> nn.Module:
     replica = module.__class__.__new__(module.__class__)
     state = module.__dict__.copy()
-    state["_parameters"] = {}
-    state["_buffers"] = dict(state["_buffers"])
-    state["_modules"] = dict(state["_modules"])
+    state[MODULE_PARAMETERS] = {}
+    state[MODULE_BUFFERS] = dict(state[MODULE_BUFFERS])
+    state[MODULE_CHILDREN] = dict(state[MODULE_CHILDREN])
     state[_REPLICA_KEY] = info
     state[_REPLICA_PARAMS_KEY] = {}
     object.__setattr__(replica, "__dict__", state)
@@ -237,16 +238,17 @@ def replicate(module: M, devices: Sequence[DeviceLike], *, detach: bool = False)
     for j in range(n):
         for m in originals:
             r = replicas[j][id(m)]
-            for key, child in m._modules.items():
-                r._modules[key] = None if child is None else replicas[j][id(child)]
-            for key, p in m._parameters.items():
+            slots, r_slots = vars(m), vars(r)  # nn.Module's own dicts (refimpl._torch_compat)
+            for key, child in slots[MODULE_CHILDREN].items():
+                r_slots[MODULE_CHILDREN][key] = None if child is None else replicas[j][id(child)]
+            for key, p in slots[MODULE_PARAMETERS].items():
                 if p is None:
-                    r._parameters[key] = None
+                    r_slots[MODULE_PARAMETERS][key] = None
                 else:
                     # A plain attribute, not a Parameter: it is not a leaf (Note: replicas).
                     object.__setattr__(r, key, copies[id(p)][j])
                     r.__dict__[_REPLICA_PARAMS_KEY][key] = copies[id(p)][j]
-            for key, b in m._buffers.items():
-                r._buffers[key] = None if b is None else copies[id(b)][j]
+            for key, b in slots[MODULE_BUFFERS].items():
+                r_slots[MODULE_BUFFERS][key] = None if b is None else copies[id(b)][j]
             _retarget_tensor_caches(r, copies, j)
     return [replicas[j][id(module)] for j in range(n)]

@@ -1,9 +1,24 @@
 """One bucket at run time: its flat buffer, its collective in flight, and the write-back.
 
 The plan (``refimpl.ddp.plan.BucketPlan``) says which parameters share the buffer; this
-module owns what happens to the buffer in an iteration. The reducer decides *when* a bucket
-is launched (in bucket order, once all its gradients are in) and finished (at the end of
-backward); a bucket knows *how*: all-reduce, a comm hook, or the sparse all-gather.
+module owns what happens to the buffer in an iteration. The reducer decides *when* (a
+gradient is copied in when it is ready, the bucket is launched in bucket order once all its
+gradients are in, and finished at the end of backward); a bucket knows *how*:
+
+* ``copy_in``  — put one gradient into its slot (zeros for a parameter without one);
+* ``launch``   — start the bucket's asynchronous sum: all-reduce, a comm hook, or the sparse
+  all-gather;
+* ``finish``   — wait for it, copy the result back to ``.grad`` and scale it by 1/W.
+
+[Note: where 1/W is applied] ``finish`` is the only place refimpl's DDP divides by the
+number of ranks: the collective sums, the write-back scales. Large gradients are scaled while
+being copied back (``torch.mul(out=)``: one pass over memory, no extra one); for small ones
+that call costs more than the data, so the whole buffer is scaled once and copied back with
+one ``_foreach_copy_``. With ``gradient_as_bucket_view`` the gradients *are* the buffer, so
+it is scaled in place. Summing then scaling equals torch's scale-then-sum bitwise whenever W
+is a power of two (scaling by 1/W is then exact); otherwise the two differ by at most one
+rounding, inside the suite's tolerance for 3+ ranks. A comm hook returns the average itself
+(torch's hook contract), so its result is copied back unscaled.
 """
 
 from __future__ import annotations
@@ -13,6 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import _torch_compat as compat
 from .comm_hooks import GradBucket
 from .plan import BucketPlan
 from .sparse import SparseAllGatherReduction
@@ -21,8 +37,8 @@ __all__ = ["FUSE_MIN_NUMEL", "Bucket"]
 
 _now = time.perf_counter_ns
 
-# Mean elements per gradient above which 1/W is fused into the copy (see [Note: where 1/W
-# is applied]); below it the per-call overhead of ``torch.mul(out=)`` dominates.
+# Mean elements per gradient above which 1/W is fused into the per-gradient copy-back (see
+# [Note: where 1/W is applied]); below it the per-call overhead of ``torch.mul(out=)`` dominates.
 FUSE_MIN_NUMEL = 16384
 
 
@@ -32,7 +48,7 @@ class Bucket:
     __slots__ = (
         "plan", "index", "sparse", "buffer", "views", "params", "pending",
         "work", "future", "sparse_reduction", "launch_ns", "grad_bucket",
-        "on_done", "fuse_scale", "finish_cell",
+        "on_done", "scale_per_grad", "finish_cell",
     )  # fmt: skip
 
     def __init__(self, plan: BucketPlan, params: list[torch.Tensor], is_last: bool):
@@ -43,10 +59,7 @@ class Bucket:
         self.pending = len(params)
         self.work = self.future = self.sparse_reduction = None
         self.launch_ns = -1
-        # [Note: where 1/W is applied] Large gradients are scaled while being copied in
-        # (``torch.mul(out=)``: one pass over memory); for small ones that call costs more
-        # than the data, so they are copied and the whole buffer is scaled once at launch.
-        self.fuse_scale = False
+        self.scale_per_grad = not plan.sparse and plan.numel >= FUSE_MIN_NUMEL * len(params)
         if plan.sparse:
             self.buffer = None
             self.views = []
@@ -56,9 +69,7 @@ class Bucket:
                 self.buffer.narrow(0, off, length).view(shape)
                 for off, length, shape in zip(plan.offsets, plan.lengths, plan.shapes, strict=True)
             ]
-        self.grad_bucket = GradBucket(
-            plan.index, self.buffer, params, self.views, is_last
-        )
+        self.grad_bucket = GradBucket(plan.index, self.buffer, params, self.views, is_last)
 
         # The done-callback writes into a one-slot list, not into the bucket: a closure over
         # the bucket would form a reference cycle and keep old buffers alive after a rebuild.
@@ -69,66 +80,86 @@ class Bucket:
 
         self.on_done = on_done
 
-    def launch(self, group, world_size: int, hook, hook_state) -> None:
-        """Issue this bucket's collective (all ranks call this in bucket order).
+    def copy_in(self, k: int, as_view: bool) -> None:
+        """Put gradient ``k``'s current value into its slot (zeros when it has none)."""
+        if self.sparse:
+            return  # sparse gradients are gathered at launch, not copied
+        view = self.views[k]
+        p = self.params[k]
+        g = p.grad
+        if g is None:
+            view.zero_()
+        elif g is not view:
+            view.copy_(g)
+            if as_view:
+                p.grad = view
 
-        ``world_size`` is the averaging divisor: the group size, or the number of active
-        ranks under join with ``divide_by_initial_world_size=False``.
-        """
-        b = self
-        b.launch_ns = _now()
-        if b.sparse:
-            p = b.params[0]
-            b.sparse_reduction = SparseAllGatherReduction(p.grad, p, group, world_size)
+    def launch(self, group, hook, hook_state) -> None:
+        """Start this bucket's sum over ranks (all ranks call this in bucket order)."""
+        self.launch_ns = _now()
+        if self.sparse:
+            p = self.params[0]
+            self.sparse_reduction = SparseAllGatherReduction(p.grad, p, group)
             return
         if hook is not None:
-            b.grad_bucket.set_buffer(b.buffer)
-            fut = hook(hook_state, b.grad_bucket)
+            self.grad_bucket.set_buffer(self.buffer)
+            fut = hook(hook_state, self.grad_bucket)
             if not (hasattr(fut, "wait") and hasattr(fut, "add_done_callback")):
                 raise TypeError(f"comm hook must return a torch.futures.Future, got {type(fut).__name__}")
-            b.future = fut
+            self.future = fut
         else:
-            if world_size != 1 and not b.fuse_scale:
-                # Average by pre-scaling (as torch does): x/W summed over W ranks.
-                b.buffer.mul_(1.0 / world_size)
-            b.work = dist.all_reduce(b.buffer, group=group, async_op=True)
-            fut = b.work.get_future()
-        fut.add_done_callback(b.on_done)
+            self.work = dist.all_reduce(self.buffer, group=group, async_op=True)
+            fut = self.work.get_future()
+        fut.add_done_callback(self.on_done)
 
-    def finish(self, global_used: list[int] | None, as_view: bool) -> None:
-        """Wait for the collective and write the averages to ``.grad``."""
-        b = self
-        indices = b.plan.param_indices
-        if b.sparse:
-            result = b.sparse_reduction.result()  # type: ignore[union-attr]
-            b.sparse_reduction = None
-            b.finish_cell[0] = _now()
+    def finish(self, global_used: list[int] | None, as_view: bool, scale: float | None) -> None:
+        """Wait for the sum, copy it back to ``.grad`` and scale it by ``scale`` (1/W).
+
+        ``global_used`` (with unused-parameter detection): a parameter no rank used keeps its
+        ``.grad`` as it was. ``scale`` None: the divisor is 1.
+        """
+        indices = self.plan.param_indices
+        if self.sparse:
+            summed = self.sparse_reduction.result()  # type: ignore[union-attr]
+            self.sparse_reduction = None
+            self.finish_cell[0] = _now()
             if global_used is None or global_used[indices[0]]:
-                b.params[0].grad = result
+                self.params[0].grad = summed if scale is None else summed.mul(scale)
             return
-        if b.work is not None:
-            b.work.wait()
-            b.work = None
+        # 1. wait
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
         else:
-            result = b.future.wait()  # type: ignore[union-attr]
-            b.future = None
-            if result is not b.buffer:
-                b.buffer.copy_(result.view(-1))
-        params, views = b.params, b.views
-        if global_used is None and not as_view:
-            torch._foreach_copy_([p.grad for p in params], views)
+            result = self.future.wait()  # type: ignore[union-attr]
+            self.future = None
+            if result is not self.buffer:
+                self.buffer.copy_(result.view(-1))
+            scale = None  # a comm hook returns the average itself (torch's hook contract)
+        # 2. copy back and 3. scale, see [Note: where 1/W is applied]
+        params, views = self.params, self.views
+        per_grad = scale is not None and self.scale_per_grad and not as_view
+        if scale is not None and not per_grad:
+            self.buffer.mul_(scale)
+        if global_used is None and not as_view and not per_grad:
+            compat.foreach_copy_([p.grad for p in params], views)
             return
         for k, p in enumerate(params):
             if global_used is not None and not global_used[indices[k]]:
                 continue  # no rank used it: leave .grad as it was (None stays None)
-            g = p.grad
+            g, view = p.grad, views[k]
             if as_view:
-                if g is not views[k]:
-                    p.grad = views[k]
+                if g is not view:
+                    p.grad = view
+            elif per_grad:
+                if g is None:
+                    p.grad = torch.mul(view, scale, out=torch.empty_like(p))
+                else:
+                    torch.mul(view, scale, out=g)
             elif g is None:
-                p.grad = torch.empty_like(p).copy_(views[k])
+                p.grad = torch.empty_like(p).copy_(view)
             else:
-                g.copy_(views[k])
+                g.copy_(view)
 
     def abandon(self) -> None:
         """After an error: let a launched collective finish, then forget it."""

@@ -1,21 +1,25 @@
-"""The reducer: executes a bucket plan during backward.
+"""The reducer: averages gradients across ranks during backward, bucket by bucket.
 
-Lifecycle of one synced iteration (see ``ReducerState``)::
+``naive.py`` all-reduces every gradient after backward. The reducer computes the same
+averages but overlaps communication with backward. One synced iteration, in four steps::
+
+    1. mark ready    a parameter's gradient is accumulated (its hook fires, or finalize finds
+                     it unused): copy it into its slot of a flat bucket buffer
+    2. bucket full   the bucket's last slot is filled
+    3. launch        start that bucket's asynchronous all-reduce -- and every full bucket
+                     after it, strictly in bucket order, so all ranks issue the same
+                     collectives in the same order whatever order their gradients arrive in
+    4. finalize      when backward ends: mark what never got a gradient, then per bucket
+                     wait, copy back to ``.grad``, scale by 1/W (``Bucket.finish``)
+
+States (``ReducerState``)::
 
     IDLE --prepare_for_backward()--> PREPARED --first grad hook--> BACKWARD
          <------------------- finalize (queued autograd callback) --------
 
-* ``prepare_for_backward`` (called by DDP after a synced forward) resets the per-iteration
-  tables and, with ``find_unused_parameters``, walks the autograd graph from the forward
-  outputs to learn which parameters cannot receive a gradient.
-* Each parameter's post-accumulate-grad hook copies ``p.grad`` into its slot of a flat
-  bucket buffer (or finds it already there with ``gradient_as_bucket_view``). When a bucket's
-  last slot is filled, that bucket and every ready bucket after it are launched as
-  asynchronous all-reduces -- strictly in bucket order, so all ranks issue the same
-  collectives in the same order whatever order their gradients arrive in.
-* The first hook of a backward queues ``_finalize`` on the autograd engine; it runs when
-  backward ends, marks parameters that never got a gradient (or raises if that is not
-  allowed), waits for every bucket and writes the averages back to ``.grad``.
+``prepare_for_backward`` (after a synced forward) resets the per-iteration tables and, with
+``find_unused_parameters``, walks the autograd graph from the outputs to learn which
+parameters cannot get a gradient: they are marked ready (zeros) as backward begins.
 
 [Note: why finalize raises] PyTorch queues its finalizer only once every bucket is launched,
 so a parameter that never gets a gradient is only reported at the *next* forward, after an
@@ -53,7 +57,8 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from .buckets import FUSE_MIN_NUMEL, Bucket
+from .. import _torch_compat as compat
+from .buckets import Bucket
 from .plan import (
     DEFAULT_BUCKET_CAP_BYTES,
     DEFAULT_FIRST_BUCKET_BYTES,
@@ -61,10 +66,10 @@ from .plan import (
     ParamInfo,
     plan_buckets,
 )
-from .stats import BackwardStats, BucketTiming
+from .static_graph import StaticGraph
+from .stats import BackwardStats, BucketTiming, backward_stats
 from .unused_params import (
     marked_twice_error,
-    static_count_error,
     static_missing_error,
     unfinished_reduction_error,
     unreached_params,
@@ -74,6 +79,8 @@ from .unused_params import (
 __all__ = ["Reducer", "ReducerState", "BackwardStats", "BucketTiming"]
 
 _now = time.perf_counter_ns
+
+
 class ReducerState(Enum):
     """Where the reducer is in an iteration (each transition is checked)."""
 
@@ -119,12 +126,10 @@ class Reducer:
         self._index_of = {id(p): i for i, p in enumerate(self._params)}
         self._pg = process_group
         self._world_size = dist.get_world_size(process_group)
-        self._inv = 1.0 / self._world_size
         self._div = self._world_size  # the averaging divisor (see set_divide_factor)
-        self._scale = self._world_size != 1
         self._find_unused = find_unused_parameters
         self._as_view = gradient_as_bucket_view
-        self._static = static_graph
+        self._static = StaticGraph(n) if static_graph else None
         self._cap = bucket_cap_bytes
         self._first_cap = first_bucket_bytes
         self._sparse = list(expect_sparse_gradient or [False] * n)
@@ -141,11 +146,6 @@ class Reducer:
         self._finalize_start_ns = self._finalize_end_ns = -1
         self._next_bucket = 0
         self._unused_at_start: list[int] = []
-        # Static graph: hook counts of the first iteration become the expected counts.
-        self._hook_count = [0] * n if static_graph else None
-        self._expected: list[int] | None = None
-        self._static_global_used: list[int] | None = None
-        self._delay_all = False
         # Bucket rebuild: record the ready order of the first synced backward, once.
         self._rebuild_allowed = static_graph or not find_unused_parameters
         self._record_order = False
@@ -155,39 +155,33 @@ class Reducer:
 
         self._buckets: list[Bucket] = []
         self._bucket_of: list[Bucket] = []
-        self._view_of: list[torch.Tensor | None] = []
+        self._slot_of: list[int] = []
         self._install(plan_buckets(self._infos, self._cap, self._first_cap, self._sparse))
 
+        on_grad = Reducer._on_grad_static if static_graph else Reducer._on_grad
         ref = weakref.ref(self)
-        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(self._params)]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(_make_hook(ref, on_grad, i)) for i, p in enumerate(self._params)
+        ]
 
     # ----------------------------------------------------------------- setup
     def _install(self, plans: Sequence[BucketPlan]) -> None:
         """Allocate buffers for ``plans``; with bucket views, move existing grads into them."""
-        n = len(self._params)
         # Drop the old buffers before allocating new ones (a rebuild must not hold both).
-        self._buckets, self._bucket_of, self._view_of = [], [], []
+        self._buckets, self._bucket_of, self._slot_of = [], [], []
         self._plans = tuple(plans)
         self._buckets = [
-            Bucket(plan, [self._params[i] for i in plan.param_indices], plan.index == len(plans) - 1)
-            for plan in plans
+            Bucket(plan, [self._params[i] for i in plan.param_indices], plan.index == len(plans) - 1) for plan in plans
         ]
+        n = len(self._params)
         self._bucket_of = [None] * n  # type: ignore[list-item]
-        self._view_of = [None] * n
+        self._slot_of = [0] * n
         for b in self._buckets:
-            b.fuse_scale = (
-                self._scale and self._hook is None and not self._as_view and not b.sparse
-                and b.plan.numel >= FUSE_MIN_NUMEL * len(b.params)
-            )
             for k, i in enumerate(b.plan.param_indices):
                 self._bucket_of[i] = b
-                if not b.sparse:
-                    view = b.views[k]
-                    self._view_of[i] = view
-                    p = self._params[i]
-                    if self._as_view and p.grad is not None:
-                        view.copy_(p.grad)
-                        p.grad = view
+                self._slot_of[i] = k
+                if self._as_view and not b.sparse and self._params[i].grad is not None:
+                    b.copy_in(k, as_view=True)
 
     @property
     def plan(self) -> tuple[BucketPlan, ...]:
@@ -204,8 +198,6 @@ class Reducer:
         if self._state is not _IDLE:
             raise RuntimeError(f"register_comm_hook called while the reducer is {self._state.value}; call it before forward")
         self._hook, self._hook_state = hook, state
-        for b in self._buckets:
-            b.fuse_scale = False  # the hook receives the plain sum and divides itself
 
     def __del__(self) -> None:
         for h in getattr(self, "_handles", ()):
@@ -217,7 +209,6 @@ class Reducer:
         if self._state is not _IDLE and self._state is not _PREPARED:
             raise RuntimeError(f"set_divide_factor called while the reducer is {self._state.value}")
         self._div = divisor
-        self._inv = 1.0 / divisor
 
     def prepare_for_forward(self) -> None:
         """Before a synced forward: refuse a half-finished iteration, rebuild buckets once."""
@@ -246,21 +237,15 @@ class Reducer:
             b.launch_ns = b.finish_cell[0] = -1
         self._record_order = self._rebuild_allowed and not self.buckets_rebuilt
         self._ready_order = []
-        self._delay_all = False
-        if self._static:
-            self._hook_count = [0] * n
-            if self._expected is None:
-                self._delay_all = True
-                self._unused_at_start = []
-            else:
-                self._unused_at_start = [i for i in range(n) if self._expected[i] == 0]
+        if self._static is not None:
+            self._unused_at_start = self._static.begin()
         elif self._find_unused:
-            self._unused_at_start = unreached_params(outputs, self._index_of, len(self._params))
+            self._unused_at_start = unreached_params(outputs, self._index_of, n)
         else:
             self._unused_at_start = []
         self._state = _PREPARED
         self._base_ns = _now()
-        if self._find_unused and not self._static and len(self._unused_at_start) == n:
+        if self._find_unused and self._static is None and len(self._unused_at_start) == n:
             self._reduce_without_backward()
 
     def attach_to_outputs(self, outputs: Sequence[torch.Tensor]) -> None:
@@ -276,6 +261,146 @@ class Reducer:
         if self._state is _PREPARED:
             self._begin_backward()
 
+    def _begin_backward(self) -> None:
+        self._state = _BACKWARD
+        compat.queue_backward_callback(self._finalize)
+        for i in self._unused_at_start:
+            self._mark_ready(i)
+
+    def _reduce_without_backward(self) -> None:
+        """See [Note: a rank that uses no parameter]."""
+        self._state = _BACKWARD
+        for i in self._unused_at_start:
+            self._mark_ready(i)
+        self._finalize()
+
+    # ------------------------------------------------- steps 1-3: during backward
+    def _on_grad(self, i: int) -> None:
+        """Parameter ``i``'s post-accumulate-grad hook (dynamic graph)."""
+        state = self._state
+        if state is not _BACKWARD:
+            if state is not _PREPARED:
+                self._used[i] = 1  # no_sync (or a backward outside DDP): remember the use
+                return
+            self._begin_backward()
+        if self._ready[i]:
+            self._fail(marked_twice_error(self._names[i], i in self._unused_at_start))
+        self._used[i] = 1
+        self._mark_ready(i)
+
+    def _on_grad_static(self, i: int) -> None:
+        """The hook with static_graph: ready once the learnt number of gradients arrived."""
+        state = self._state
+        if state is not _BACKWARD:
+            if state is not _PREPARED:
+                self._used[i] = 1
+                return
+            self._begin_backward()
+        graph = self._static
+        try:
+            complete = graph.count(i, self._names[i])  # type: ignore[union-attr]
+        except RuntimeError as exc:
+            self._fail(exc)
+        if not complete:
+            return
+        self._used[i] = 1
+        if graph.learning:  # type: ignore[union-attr]
+            # First iteration: note the arrival only; finalize marks everything ready.
+            self._ready_ns[i] = _now() - self._base_ns
+            self._ready_order.append(i)
+            return
+        self._mark_ready(i)
+
+    def _mark_ready(self, i: int) -> None:
+        """Step 1: parameter ``i``'s gradient (or zeros) goes into its bucket; step 2: full?"""
+        self._ready[i] = True
+        self._ready_ns[i] = _now() - self._base_ns
+        if self._record_order:
+            self._ready_order.append(i)
+        b = self._bucket_of[i]
+        b.copy_in(self._slot_of[i], self._as_view)
+        b.pending -= 1
+        if b.pending == 0 and b.index == self._next_bucket:
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Step 3: launch every full bucket from the next one on, in bucket order."""
+        buckets = self._buckets
+        nb = len(buckets)
+        while self._next_bucket < nb and buckets[self._next_bucket].pending == 0:
+            b = buckets[self._next_bucket]
+            self._next_bucket += 1
+            b.launch(self._pg, self._hook, self._hook_state)
+
+    # ----------------------------------------------------- step 4: finalize
+    def _finalize(self) -> None:
+        """Runs once at the end of a synced backward (queued when backward began)."""
+        if self._state is not _BACKWARD:
+            return  # reset after an error raised inside backward
+        self._state = _FINALIZING
+        self._finalize_start_ns = _now()
+        try:
+            global_used = self._mark_the_rest_ready()
+            scale = None if self._div == 1 else 1.0 / self._div
+            for b in self._buckets:
+                b.finish(global_used, self._as_view, scale)  # wait, copy back, scale
+        except BaseException:
+            self._abort()
+            raise
+        if self._record_order:
+            self._record_order = False
+            order = self._ready_order
+            if len(order) == len(self._params) and len(set(order)) == len(order):
+                self._rebuild_order = order
+        self._finalize_end_ns = _now()
+        self._used = [0] * len(self._params)
+        self._state = _IDLE
+        self._div = self._world_size  # join sets it per iteration
+
+    def _mark_the_rest_ready(self) -> list[int] | None:
+        """Mark what got no gradient (or raise); return the all-reduced used map if needed."""
+        n = len(self._params)
+        graph = self._static
+        need_used_map = self._find_unused and graph is None
+        if graph is not None and graph.learning:
+            self._ready_order += graph.learn()
+            record, self._record_order = self._record_order, False
+            for i in range(n):
+                self._mark_ready(i)
+            self._record_order = record
+            need_used_map = True
+        else:
+            missing = [i for i in range(n) if not self._ready[i]]
+            if missing and graph is not None:
+                raise static_missing_error([self._names[i] for i in missing])
+            if missing and not self._find_unused:
+                raise unused_parameters_error([self._names[i] for i in missing])
+            for i in missing:
+                self._mark_ready(i)
+        if self._next_bucket != len(self._buckets):
+            raise AssertionError(f"reducer finalized with {len(self._buckets) - self._next_bucket} buckets not launched")
+        if not need_used_map:
+            return graph.global_used if graph is not None else None
+        used = torch.tensor(self._used, dtype=torch.int32, device=self._map_device)
+        dist.all_reduce(used, group=self._pg)
+        global_used = used.tolist()
+        if graph is not None:
+            graph.global_used = global_used
+        return global_used
+
+    def _abort(self) -> None:
+        """After an error: let launched collectives finish, go back to IDLE."""
+        for b in self._buckets:
+            b.abandon()
+        self._used = [0] * len(self._params)
+        self._state = _IDLE
+        self._div = self._world_size
+
+    def _fail(self, error: Exception) -> None:
+        self._abort()
+        raise error
+
+    # ------------------------------------------------------ join, rebuild, stats
     def shadow_backward(self) -> None:
         """A joined rank (uneven inputs): issue one synced backward's collectives with zeros.
 
@@ -284,7 +409,7 @@ class Reducer:
         """
         if self._state is not _IDLE and self._state is not _PREPARED:
             raise RuntimeError(f"a joined rank shadowed a backward while its reducer is {self._state.value}")
-        if self._static or any(b.sparse for b in self._buckets):
+        if self._static is not None or any(b.sparse for b in self._buckets):
             raise RuntimeError("join (uneven inputs) is not supported with static_graph or sparse gradients")
         works = []
         for b in self._buckets:
@@ -305,207 +430,27 @@ class Reducer:
             self._rebuild_order = list(range(len(self._params)))
         self._state = _IDLE
 
-    def _reduce_without_backward(self) -> None:
-        """See [Note: a rank that uses no parameter]."""
-        self._state = _BACKWARD
-        params = self._params
-        for j in self._unused_at_start:
-            self._mark_ready(j, params[j])
-        self._finalize()
-
-    # ------------------------------------------------------------ hook path
-    def _on_grad(self, i: int, p: torch.Tensor) -> None:
-        """Post-accumulate-grad hook of parameter ``i`` (the hot path: keep it flat)."""
-        state = self._state
-        if state is not _BACKWARD:
-            if state is _PREPARED:
-                self._begin_backward()
-            else:
-                self._used[i] = 1  # no_sync (or a backward outside DDP): remember the use
-                return
-        counts = self._hook_count
-        if counts is not None:
-            c = counts[i] = counts[i] + 1
-            if self._delay_all:
-                if c == 1:
-                    self._used[i] = 1
-                    self._ready_ns[i] = _now() - self._base_ns
-                    self._ready_order.append(i)
-                return
-            expected = self._expected[i]  # type: ignore[index]
-            if c != expected:
-                if c < expected:
-                    return
-                self._fail(static_count_error(self._names[i], c, expected))
-        elif self._ready[i]:
-            self._fail(marked_twice_error(self._names[i], i in self._unused_at_start))
-        self._used[i] = 1
-        # Inlined _mark_ready for a used dense parameter: one Python frame per gradient.
-        self._ready[i] = True
-        self._ready_ns[i] = _now() - self._base_ns
-        if self._record_order:
-            self._ready_order.append(i)
-        b = self._bucket_of[i]
-        if not b.sparse:
-            view = self._view_of[i]
-            g = p.grad
-            if g is not view:
-                if b.fuse_scale:
-                    torch.mul(g, self._inv, out=view)
-                else:
-                    view.copy_(g)
-                if self._as_view:
-                    p.grad = view
-        b.pending -= 1
-        if b.pending == 0 and b.index == self._next_bucket:
-            self._launch_ready()
-
-    def _mark_ready(self, i: int, p: torch.Tensor) -> None:
-        """Mark a parameter whose hook did not fire (unused here): its current grad or zeros."""
-        self._ready[i] = True
-        self._ready_ns[i] = _now() - self._base_ns
-        if self._record_order:
-            self._ready_order.append(i)
-        b = self._bucket_of[i]
-        if not b.sparse:
-            view = self._view_of[i]
-            g = p.grad
-            if g is None:
-                view.zero_()
-            elif g is not view:
-                if b.fuse_scale:
-                    torch.mul(g, self._inv, out=view)
-                else:
-                    view.copy_(g)
-                if self._as_view:
-                    p.grad = view
-        b.pending -= 1
-        if b.pending == 0 and b.index == self._next_bucket:
-            self._launch_ready()
-
-    def _begin_backward(self) -> None:
-        self._state = _BACKWARD
-        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
-        params = self._params
-        for j in self._unused_at_start:
-            self._mark_ready(j, params[j])
-
-    def _launch_ready(self) -> None:
-        buckets = self._buckets
-        nb = len(buckets)
-        while self._next_bucket < nb and buckets[self._next_bucket].pending == 0:
-            b = buckets[self._next_bucket]
-            self._next_bucket += 1
-            b.launch(self._pg, self._div, self._hook, self._hook_state)
-
-    # -------------------------------------------------------------- finalize
-    def _finalize(self) -> None:
-        """Runs once at the end of a synced backward (queued by the first hook)."""
-        if self._state is not _BACKWARD:
-            return  # reset after an error raised inside backward
-        self._state = _FINALIZING
-        self._finalize_start_ns = _now()
-        try:
-            self._finalize_inner()
-        except BaseException:
-            self._abort()
-            raise
-        self._finalize_end_ns = _now()
-        self._used = [0] * len(self._params)
-        self._state = _IDLE
-        if self._div != self._world_size:
-            self.set_divide_factor(self._world_size)  # join sets it per iteration
-
-    def _finalize_inner(self) -> None:
-        n = len(self._params)
-        params = self._params
-        need_used_map = self._find_unused and not self._static
-        if self._delay_all:
-            # First static-graph iteration: learn hook counts, then reduce everything.
-            self._expected = list(self._hook_count)  # type: ignore[arg-type]
-            self._ready_order += [i for i in range(n - 1, -1, -1) if self._expected[i] == 0]
-            self._delay_all = False
-            record, self._record_order = self._record_order, False
-            for i in range(n):
-                self._mark_ready(i, params[i])
-            self._record_order = record
-            need_used_map = True
-        else:
-            missing = [i for i in range(n) if not self._ready[i]]
-            if missing and not self._find_unused and not self._static:
-                raise unused_parameters_error([self._names[i] for i in missing])
-            if missing and self._static:
-                raise static_missing_error([self._names[i] for i in missing])
-            for i in missing:
-                self._mark_ready(i, params[i])
-        if self._next_bucket != len(self._buckets):
-            raise AssertionError(f"reducer finalized with {len(self._buckets) - self._next_bucket} buckets not launched")
-        global_used = self._static_global_used
-        if need_used_map:
-            used = torch.tensor(self._used, dtype=torch.int32, device=self._map_device)
-            dist.all_reduce(used, group=self._pg)
-            global_used = used.tolist()
-            if self._static:
-                self._static_global_used = global_used
-        for b in self._buckets:
-            b.finish(global_used, self._as_view)
-        if self._record_order:
-            self._record_order = False
-            order = self._ready_order
-            if len(order) == n and len(set(order)) == n:
-                self._rebuild_order = order
-
-    def _abort(self) -> None:
-        """After an error: let launched collectives finish, go back to IDLE."""
-        for b in self._buckets:
-            b.abandon()
-        self._used = [0] * len(self._params)
-        self._state = _IDLE
-        self.set_divide_factor(self._world_size)
-
-    def _fail(self, error: Exception) -> None:
-        self._abort()
-        raise error
-
-    # ---------------------------------------------------------------- rebuild
     def _rebuild(self) -> None:
         """Re-plan buckets in rank 0's gradient-ready order (same buckets on every rank)."""
         order = torch.tensor(self._rebuild_order, dtype=torch.long, device=self._map_device)
         dist.broadcast(order, src=dist.get_global_rank(self._pg, 0), group=self._pg)
         self._rebuild_order = None
         self.buckets_rebuilt = True
-        self._install(
-            plan_buckets(self._infos, self._cap, self._first_cap, self._sparse, order=order.tolist())
-        )
+        self._install(plan_buckets(self._infos, self._cap, self._first_cap, self._sparse, order=order.tolist()))
 
-    # ------------------------------------------------------------------ stats
     def get_backward_stats(self) -> BackwardStats:
         """Timings of the last synced backward, in ns since ``prepare_for_backward``."""
-        base = self._base_ns
-        return BackwardStats(
-            param_names=tuple(self._names),
-            param_ready_ns=tuple(t if t >= 0 else None for t in self._ready_ns),
-            buckets=tuple(
-                BucketTiming(
-                    index=b.index,
-                    param_indices=b.plan.param_indices,
-                    nbytes=b.plan.nbytes,
-                    launch_ns=b.launch_ns - base if b.launch_ns >= 0 else None,
-                    finish_ns=b.finish_cell[0] - base if b.finish_cell[0] >= 0 else None,
-                )
-                for b in self._buckets
-            ),
-            backward_end_ns=self._finalize_start_ns - base if self._finalize_start_ns >= base else None,
-            finalize_end_ns=self._finalize_end_ns - base if self._finalize_end_ns >= base else None,
+        return backward_stats(
+            self._names, self._ready_ns, self._buckets, self._base_ns, self._finalize_start_ns, self._finalize_end_ns
         )
 
 
-def _make_hook(ref: weakref.ref, i: int):
-    """The per-parameter hook: a weak reference so the reducer can be collected."""
+def _make_hook(ref: weakref.ref, on_grad: Callable, i: int):
+    """Parameter ``i``'s hook: a weak reference so the reducer can be collected."""
 
     def hook(param: torch.Tensor) -> None:
         reducer = ref()
         if reducer is not None:
-            reducer._on_grad(i, param)
+            on_grad(reducer, i)
 
     return hook

@@ -1,4 +1,4 @@
-"""Averaging a sparse (COO) gradient across ranks by all-gather.
+"""Summing a sparse (COO) gradient across ranks by all-gather.
 
 A sparse gradient (``nn.Embedding(sparse=True)``) touches a rank-dependent set of rows, so
 it cannot be all-reduced as a flat buffer. Each rank instead gathers every rank's
@@ -9,6 +9,7 @@ gathered (when the reducer finalizes) and the padding is trimmed off.
 
 Every rank runs the same sequence of collectives (count gather at launch, data gathers at
 finalize, in bucket order), which is what keeps the group's collective streams aligned.
+The result is the sum; the bucket's ``finish`` scales it by 1/W like every other gradient.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ __all__ = ["SparseAllGatherReduction"]
 
 
 class SparseAllGatherReduction:
-    """One in-flight sparse reduction; ``result()`` returns the averaged sparse tensor."""
+    """One in-flight sparse reduction; ``result()`` returns the summed sparse tensor."""
 
     def __init__(
         self,
         grad: torch.Tensor | None,
         like: torch.Tensor,
         group: dist.ProcessGroup,
-        world_size: int,
     ) -> None:
         if grad is None:
             # A rank that did not use the embedding still takes part, with nothing to add.
@@ -46,7 +46,7 @@ class SparseAllGatherReduction:
         self._indices = grad.indices()
         self._values = grad.values()
         self._group = group
-        self._world_size = world_size
+        self._world_size = world_size = dist.get_world_size(group)
         nnz = torch.tensor([self._indices.shape[1]], dtype=torch.long, device=like.device)
         self._counts = [torch.empty_like(nnz) for _ in range(world_size)]
         self._count_work = dist.all_gather(self._counts, nnz, group=group, async_op=True)
@@ -65,9 +65,8 @@ class SparseAllGatherReduction:
         all_values = [torch.empty_like(values) for _ in range(self._world_size)]
         dist.all_gather(all_indices, indices.contiguous(), group=self._group)
         dist.all_gather(all_values, values.contiguous(), group=self._group)
-        merged = torch.sparse_coo_tensor(
+        return torch.sparse_coo_tensor(
             torch.cat([t[:, :c] for t, c in zip(all_indices, counts, strict=True)], 1),
             torch.cat([t[:c] for t, c in zip(all_values, counts, strict=True)], 0),
             self._shape,
         ).coalesce()
-        return merged / self._world_size

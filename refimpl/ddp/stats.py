@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BackwardStats", "BucketTiming"]
+__all__ = ["BackwardStats", "BucketTiming", "backward_stats"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,30 @@ class BackwardStats:
             "backward_end_ns": self.backward_end_ns,
             "finalize_end_ns": self.finalize_end_ns,
         }
+
+
+def backward_stats(names, ready_ns, buckets, base_ns: int, finalize_start_ns: int, finalize_end_ns: int) -> BackwardStats:
+    """Turn the reducer's raw clock readings (``perf_counter_ns``; -1: never) into stats."""
+
+    def since(t: int, floor: int = 0) -> int | None:
+        return t - base_ns if t >= floor else None
+
+    return BackwardStats(
+        param_names=tuple(names),
+        param_ready_ns=tuple(t if t >= 0 else None for t in ready_ns),
+        buckets=tuple(
+            BucketTiming(
+                index=b.index,
+                param_indices=b.plan.param_indices,
+                nbytes=b.plan.nbytes,
+                launch_ns=since(b.launch_ns),
+                finish_ns=since(b.finish_cell[0]),
+            )
+            for b in buckets
+        ),
+        backward_end_ns=since(finalize_start_ns, base_ns),  # -1 or a previous iteration's: None
+        finalize_end_ns=since(finalize_end_ns, base_ns),
+    )
 
 
 def _union_length(intervals: list[tuple[int, int]]) -> int:

@@ -38,8 +38,8 @@ as the others (pytorch/pytorch#40566 is this case for torch's DDP).
 
 Collectives (public names): ``broadcast``, ``all_reduce``, the bucketer's reduce-scatter and
 ``all_gather_single`` (torch >= 2.10; ``all_gather_into_tensor`` before). End of backward is
-detected with ``torch.autograd.Variable._execution_engine.queue_callback`` — torch has no
-public "backward finished" hook; FSDP and DDP-style wrappers rely on the same call.
+detected with ``refimpl._torch_compat.queue_backward_callback`` — torch has no public
+"backward finished" hook; FSDP and DDP-style wrappers rely on the same private call.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .. import _torch_compat as compat
 from ..broadcast import broadcast_from_rank0
 from ..ddp.unused_params import reaches_any
 from .bucketer import ReduceScatterBucketer
@@ -223,7 +224,7 @@ class ShardedDataParallel(nn.Module):
     def _on_grad_accumulated(self, param: Tensor) -> None:
         if self._sync_backward and self._state is ReduceState.IDLE:
             self._state = ReduceState.REDUCE_QUEUED
-            torch.autograd.Variable._execution_engine.queue_callback(self._reduce_gradients)
+            compat.queue_backward_callback(self._reduce_gradients)
 
     @torch.no_grad()
     def _reduce_gradients(self) -> None:

@@ -52,7 +52,9 @@ class ReplicateAdapter:
         return production_features(scenario)
 
     def wrap(self, module, ctx, options, optimizer=None) -> ReplicateWrapped:
-        from torch.distributed._composable.replicate import replicate
+        from refimpl._torch_compat import composable_replicate
+
+        replicate = composable_replicate()
 
         kwargs = dict(process_group=ctx.group, find_unused_parameters=options.find_unused_parameters)
         if not options.broadcast_buffers:

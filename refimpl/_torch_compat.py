@@ -1,0 +1,96 @@
+"""Every private torch API refimpl and the conformance suite use, in one place.
+
+Private names change between torch releases without notice. Each one used anywhere in
+``refimpl`` or ``conformance`` is reached through this module, with a comment saying why no
+public API does the job, and each is pinned by ``tests/refimpl/test_torch_compat.py`` (it
+exists on this torch and behaves as used). A torch upgrade that breaks one fails that test by
+name instead of a distant scenario.
+
+refimpl imports only torch, so the suite imports from here too (``conformance`` depends on
+``refimpl``, never the other way round).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = [
+    "MODULE_BUFFERS",
+    "MODULE_CHILDREN",
+    "MODULE_PARAMETERS",
+    "composable_fully_shard",
+    "composable_replicate",
+    "dist_autograd_debug_info",
+    "foreach_copy_",
+    "fsdp_flat_param",
+    "fsdp_unflat_views",
+    "queue_backward_callback",
+]
+
+
+# -- autograd -------------------------------------------------------------------------------
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the autograd graph task that is running now finishes.
+
+    torch has no public "backward finished" hook; DDP's reducer, FSDP and the sharded engine
+    all need one to wait for their collectives at the end of backward. Callable only from
+    inside a backward (a gradient hook or a node pre-hook).
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+# -- tensors --------------------------------------------------------------------------------
+def foreach_copy_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for all i in one call (one kernel launch per dtype/device
+    group instead of one per tensor: the reducer's copy-back of many small gradients)."""
+    torch._foreach_copy_(list(dst), list(src))
+
+
+# -- nn.Module internals ----------------------------------------------------------------------
+# ``replicate`` builds shallow module copies by editing these instance dicts directly (as
+# torch's own ``nn.parallel.replicate`` does): going through ``register_parameter`` would
+# refuse non-leaf tensors, which is exactly what a replica's parameters are.
+MODULE_PARAMETERS = "_parameters"
+MODULE_BUFFERS = "_buffers"
+MODULE_CHILDREN = "_modules"
+
+
+# -- distributed ------------------------------------------------------------------------------
+def dist_autograd_debug_info() -> dict[str, str]:
+    """torch.distributed.autograd's per-worker counters (contexts, backward passes).
+
+    The only view of how many contexts a worker still holds; the suite's cleanup check polls it.
+    """
+    import torch.distributed.autograd as dist_autograd
+
+    return dist_autograd._get_debug_info()
+
+
+def composable_replicate():
+    """``torch.distributed._composable.replicate`` (composable DDP; no public path yet)."""
+    return importlib.import_module("torch.distributed._composable.replicate").replicate
+
+
+def composable_fully_shard():
+    """FSDP2's ``fully_shard``: public in ``torch.distributed.fsdp`` from torch 2.6, private before."""
+    fsdp = importlib.import_module("torch.distributed.fsdp")
+    if hasattr(fsdp, "fully_shard"):
+        return fsdp.fully_shard
+    return importlib.import_module("torch.distributed._composable.fsdp").fully_shard
+
+
+def fsdp_flat_param(fsdp_module) -> torch.Tensor:
+    """FSDP1: the one ``FlatParameter`` a wrapped module's parameters live in."""
+    return fsdp_module._handle.flat_param
+
+
+def fsdp_unflat_views(fsdp_module, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """FSDP1: ``flat`` (laid out like the flat parameter) split into the original
+    parameters' views, by name. Inside ``no_sync()`` FSDP1 keeps the local *unsharded* flat
+    gradient and offers no public way to split it (``summon_full_params(with_grads=True)``
+    asserts the gradient is sharded)."""
+    handle = fsdp_module._handle
+    return dict(zip(handle.flat_param._fqns, handle._get_unflat_views(flat), strict=True))
