@@ -25,9 +25,11 @@ __all__ = [
     "composable_replicate",
     "dist_autograd_debug_info",
     "foreach_copy_",
+    "fsdp2_unsharded_grads",
     "fsdp_flat_param",
     "fsdp_unflat_views",
     "queue_backward_callback",
+    "sparse_values",
 ]
 
 
@@ -49,6 +51,14 @@ def foreach_copy_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> N
     torch._foreach_copy_(list(dst), list(src))
 
 
+def sparse_values(t: torch.Tensor) -> torch.Tensor:
+    """A sparse COO tensor's values, coalesced or not (``values()`` refuses uncoalesced ones).
+
+    The suite uses it only to find which storage a sparse gradient lives in.
+    """
+    return t._values()
+
+
 # -- nn.Module internals ----------------------------------------------------------------------
 # ``replicate`` builds shallow module copies by editing these instance dicts directly (as
 # torch's own ``nn.parallel.replicate`` does): going through ``register_parameter`` would
@@ -67,6 +77,25 @@ def dist_autograd_debug_info() -> dict[str, str]:
     import torch.distributed.autograd as dist_autograd
 
     return dist_autograd._get_debug_info()
+
+
+def fsdp2_unsharded_grads(module) -> dict[int, torch.Tensor | None]:
+    """FSDP2 (``fully_shard``): each parameter's local *unsharded* gradient, by ``id`` of the
+    sharded parameter the module exposes.
+
+    Under ``set_requires_gradient_sync(False)`` FSDP2 accumulates into per-parameter state
+    (``FSDPParam.unsharded_accumulated_grad``, or the unsharded parameter's ``.grad``) that no
+    public API shows. Read only.
+    """
+    group = module._get_fsdp_state()._fsdp_param_group
+    out: dict[int, torch.Tensor | None] = {}
+    for fsdp_param in group.fsdp_params if group is not None else []:
+        grad = getattr(fsdp_param, "unsharded_accumulated_grad", None)
+        if grad is None:
+            unsharded = getattr(fsdp_param, "unsharded_param", None)
+            grad = None if unsharded is None else unsharded.grad
+        out[id(fsdp_param.sharded_param)] = grad
+    return out
 
 
 def composable_replicate():

@@ -49,33 +49,23 @@ def _broadcast_from_rank0(module: nn.Module, group) -> None:
 
 # -- refimpl ------------------------------------------------------------------------------------
 class RefimplShardedWrapped:
-    """Drives :class:`refimpl.sharded.ShardedDataParallel`.
+    """Drives :class:`refimpl.sharded.ShardedDataParallel` through the calls its users make.
 
-    The suite's runner builds a plain torch optimizer over `optimizer_parameters()` (this
-    rank's shards). refimpl's own `ShardedOptimizer` all-gathers the parameters after
-    `step()`; here the wrapper does it lazily — before the next forward or read — when the
-    shards changed (their version counter moved), which is the same collective at the same
-    point of the step sequence on every rank.
+    Forward, ``no_sync()``, the user's ``loss.backward()``, the engine's own
+    ``ShardedOptimizer`` (``make_optimizer``: steps this rank's shards, then all-gathers the
+    parameters) and the public ``full_gradients()`` / ``full_parameters()`` collectives. Only
+    inside ``no_sync()`` does the suite look at the wrapped module's ``p.grad``: that is where
+    the engine documents the local accumulation stays until the next synced backward.
     """
 
-    def __init__(self, sdp):
+    def __init__(self, sdp, optimizer=None):
         self.sdp = sdp
         self.module = sdp.module
+        self.optimizer = optimizer
         self._synced_forward = True
-        self._versions = self._shard_versions()
-
-    def _shard_versions(self) -> list[int]:
-        return [flat.params._version for flat in self.sdp._flats]
-
-    def _gather_if_stepped(self) -> None:
-        versions = self._shard_versions()
-        if versions != self._versions:
-            self.sdp.gather_parameters()
-            self._versions = self._shard_versions()
 
     def __call__(self, *inputs, **kwargs):
-        self._gather_if_stepped()
-        self._synced_forward = self.sdp._sync
+        self._synced_forward = self.sdp.require_backward_grad_sync
         return self.sdp(*inputs, **kwargs)
 
     def no_sync(self) -> AbstractContextManager:
@@ -88,7 +78,6 @@ class RefimplShardedWrapped:
         return {n: _cpu(grads[n]) for n, p in self.module.named_parameters() if p.requires_grad}
 
     def full_parameters(self) -> dict[str, Tensor]:
-        self._gather_if_stepped()
         return {n: _cpu(t) for n, t in self.sdp.full_parameters().items()}
 
     def full_buffers(self) -> dict[str, Tensor]:
@@ -98,23 +87,39 @@ class RefimplShardedWrapped:
         return self.sdp.sharded_parameters()
 
 
+def sharded_optimizer(sdp, optimizer) -> object | None:
+    """The scenario's optimizer as refimpl's ``ShardedOptimizer`` (None: the scenario has none)."""
+    if optimizer is None or optimizer.name == "none":
+        return None
+    return sdp.make_optimizer(optimizer.build)
+
+
+def refimpl_sharded_kwargs(options: WrapOptions) -> dict:
+    kwargs = {"broadcast_buffers": options.broadcast_buffers}
+    if options.bucket_cap_mb is not None:
+        kwargs["bucket_cap_mb"] = options.bucket_cap_mb
+    return kwargs
+
+
 class RefimplSharded:
+    """refimpl's sharded engine owns its optimizer (protocol v2): ``ShardedOptimizer`` is the
+    path its users call, so it is the path the suite checks."""
+
     name = "refimpl-sharded"
     area = "sharded"
     capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUCKET_CAP, C.BUFFER_BROADCAST, C.HALF_PRECISION})
+    owns = frozenset({"optimizer"})
 
     def __init__(self):
         import refimpl
 
         self.version = getattr(refimpl, "__version__", "0")
 
-    def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> RefimplShardedWrapped:
+    def wrap(self, module: nn.Module, ctx, options: WrapOptions, optimizer=None) -> RefimplShardedWrapped:
         from refimpl.sharded import ShardedDataParallel
 
-        kwargs = {"broadcast_buffers": options.broadcast_buffers}
-        if options.bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = options.bucket_cap_mb
-        return RefimplShardedWrapped(ShardedDataParallel(module, process_group=ctx.group, **kwargs))
+        sdp = ShardedDataParallel(module, process_group=ctx.group, **refimpl_sharded_kwargs(options))
+        return RefimplShardedWrapped(sdp, sharded_optimizer(sdp, optimizer))
 
 
 # -- torch FSDP (FSDP1) -------------------------------------------------------------------------
@@ -234,15 +239,7 @@ class FSDP2Wrapped:
             self.module.set_requires_gradient_sync(True)
 
     def _local_accumulated(self) -> dict[str, Tensor | None]:
-        state = self.module._get_fsdp_state()
-        by_param = {}
-        group = state._fsdp_param_group
-        for fsdp_param in (group.fsdp_params if group is not None else []):
-            grad = getattr(fsdp_param, "unsharded_accumulated_grad", None)
-            if grad is None:
-                grad = getattr(fsdp_param, "unsharded_param", None)
-                grad = None if grad is None else grad.grad
-            by_param[id(fsdp_param.sharded_param)] = grad
+        by_param = compat.fsdp2_unsharded_grads(self.module)
         return {n: _cpu(by_param.get(id(p))) for n, p in self.module.named_parameters() if p.requires_grad}
 
     def full_gradients(self) -> dict[str, Tensor | None]:

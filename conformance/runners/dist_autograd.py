@@ -32,6 +32,7 @@ from conformance.contract import Checked, repro_command
 from conformance.failure import run_failed
 from conformance.runners import dist_autograd_fns as fns
 from conformance.spec import Scenario
+from refimpl import _torch_compat as compat
 
 # Contexts are released by asynchronous RPC messages, which a loaded machine can delay: the
 # wait ends when every worker is clean, when the leftovers have not changed for CLEANUP_QUIET_S
@@ -134,7 +135,7 @@ def _shared_buffers(grads: dict, leaves: dict) -> list[list[str]]:
         g = grads.get(leaf)
         if g is None or g.numel() == 0:
             continue
-        key = g._values().data_ptr() if g.is_sparse else g.untyped_storage().data_ptr()
+        key = compat.sparse_values(g).data_ptr() if g.is_sparse else g.untyped_storage().data_ptr()
         by_storage.setdefault(key, []).append(f"{name}@worker0")
     return [names for names in by_storage.values() if len(names) > 1]
 

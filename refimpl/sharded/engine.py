@@ -49,7 +49,7 @@ import enum
 import functools
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -207,6 +207,12 @@ class ShardedDataParallel(nn.Module):
             self._reduce_gradients()
         return out
 
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """False inside ``no_sync()``: a forward run now is followed by a local-only backward
+        (torch DDP's attribute of the same name)."""
+        return self._sync
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally in ``p.grad``; the next synced backward reduces them.
@@ -270,9 +276,13 @@ class ShardedDataParallel(nn.Module):
         """This rank's chunks, one ``nn.Parameter`` per trainable parameter (for optimizers)."""
         return [s.shard for s in self._slots if s.shard is not None and s.chunk > 0]
 
-    def make_optimizer(self, optimizer_class: type[torch.optim.Optimizer],
+    def make_optimizer(self, optimizer_class: Callable[..., torch.optim.Optimizer],
                        **kwargs) -> ShardedOptimizer:
-        """An optimizer over this rank's shard that all-gathers the parameters after step()."""
+        """An optimizer over this rank's shard that all-gathers the parameters after step().
+
+        ``optimizer_class(params, **kwargs)`` builds the inner optimizer: a ``torch.optim``
+        class, or any factory with that signature.
+        """
         return ShardedOptimizer(self, optimizer_class, **kwargs)
 
     def _assert_idle(self, what: str) -> None:
@@ -337,7 +347,7 @@ class ShardedOptimizer:
     """
 
     def __init__(self, model: ShardedDataParallel,
-                 optimizer_class: type[torch.optim.Optimizer], **kwargs) -> None:
+                 optimizer_class: Callable[..., torch.optim.Optimizer], **kwargs) -> None:
         self.model = model
         self.optimizer = optimizer_class(model.sharded_parameters(), **kwargs)
 
