@@ -9,17 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from conformance import catalogue
+from conformance import catalogue, options
 from conformance.adapters import registry
 from conformance.failure import EXIT_INFRASTRUCTURE_ONLY, only_infrastructure_errors
-from conformance.validation import (
-    UsageError,
-    check_expectations_file,
-    check_report_dir,
-    check_world_sizes,
-)
-
-DEFAULT_REPORT_DIR = "gradparity-reports"
+from conformance.validation import UsageError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -47,24 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run the conformance suite (default: quick profile, built-in adapters, CPU/gloo)",
                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("--adapter", action="append", default=[], help="adapter name or pkg.module:factory (repeatable)")
-    run.add_argument("--ddp-class", action="append", default=[], help="pkg.module:Class following torch DDP's constructor")
-    run.add_argument("--profile", default="quick", choices=catalogue.PROFILES)
+    options.add_to_argparse(run)  # the same options as the pytest plugin and torchrun (conformance/options.py)
     run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression over case ids")
-    run.add_argument("--scenario", action="append", default=[], help="exactly this scenario id (repeatable)")
-    run.add_argument("--world-size", action="append", type=int, default=[], help="only these world sizes (repeatable)")
-    run.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, help=f"where reports go (default {DEFAULT_REPORT_DIR}/)")
     run.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (a number or 'auto')")
-    run.add_argument("--xfails", action="append", default=[], help="expected-failures file (repeatable)")
-    run.add_argument("--skips", action="append", default=[], help="skips file (repeatable)")
-    run.add_argument("--timeout-scale", type=float, default=1.0, help="multiply scenario timeouts (slow machines)")
     run.add_argument("-v", "--verbose", action="count", default=0)
     run.add_argument("-x", "--exitfirst", action="store_true")
     run.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     lst = sub.add_parser("list", help="list scenarios and adapters")
     lst.add_argument("--profile", default="full", choices=catalogue.PROFILES)
-    lst.add_argument("--area", default=None)
+    lst.add_argument("--area", default=None, choices=options.AREA_CHOICES)
     from conformance import zoo
 
     zoo.add_arguments(sub.add_parser("zoo", help="run an area's scenarios against its mutant zoo: is every known-bad implementation caught?"))
@@ -73,28 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args) -> list[str]:
     """Every check that can refuse bad input does so here, before pytest or any rank starts."""
-    check_report_dir(args.report_dir)  # the cheap checks first: no adapter needs importing for them
-    for path in args.xfails + args.skips:
-        check_expectations_file(path)
-    specs = list(args.adapter) + [registry.ddp_class_spec(ref) for ref in args.ddp_class]
-    adapters = {}
-    for spec in specs or registry.DEFAULT_ADAPTERS:
-        try:
-            adapters[spec] = registry.load(spec)
-        except registry.AdapterError as exc:
-            raise UsageError(str(exc)) from None
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda but no CUDA device is visible; use --device cpu or run on a GPU machine")
-    if args.scenario:
-        known = {s.id for s in catalogue.all_scenarios()}
-        unknown = [s for s in args.scenario if s.removesuffix("/cuda") not in known]
-        if unknown:
-            raise UsageError(f"unknown scenario {unknown[0]!r}; see `gradparity list`")
-    check_world_sizes(args.profile, args.world_size, adapters, args.device, ids=args.scenario)
-    return specs
+    return list(options.selection(args).adapters)
 
 
 def pytest_args(args, specs: list[str]) -> list[str]:

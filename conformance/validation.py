@@ -94,3 +94,35 @@ def check_world_sizes(profile: str, world_sizes: list[int], adapters: dict[str, 
                     elsewhere.append(f"--profile {other} has {n}")
         hint = ("; " + ", ".join(elsewhere)) if elsewhere else "; no profile has one"
         raise UsageError(f"profile {profile} has no {area} scenario at world size {sizes} for adapter {spec}{hint}")
+
+
+def validate(selection, *, report_dir: str | None = None) -> dict[str, object]:
+    """Every check that can refuse a `conformance.plan.Selection`, cheapest first; returns the
+    loaded adapters by spec. Used by `gradparity run`, the pytest plugin and torchrun alike."""
+    from conformance.adapters import registry
+
+    check_profile(selection.profile)
+    if selection.device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device {selection.device!r}; use cpu or cuda")
+    if report_dir:
+        check_report_dir(report_dir)
+    for path in selection.xfail_files + selection.skip_files:
+        check_expectations_file(path)
+    adapters = {}
+    for spec in selection.specs:
+        try:
+            adapters[spec] = registry.load(spec)
+        except registry.AdapterError as exc:
+            raise UsageError(str(exc)) from None
+    if selection.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but no CUDA device is visible; use --device cpu or run on a GPU machine")
+    if selection.ids:
+        known = {s.id for s in catalogue.all_scenarios()}
+        unknown = [s for s in selection.ids if s.removesuffix("/cuda") not in known]
+        if unknown:
+            raise UsageError(f"unknown scenario {unknown[0]!r}; see `gradparity list`")
+    check_world_sizes(selection.profile, list(selection.world_sizes), adapters, selection.device, ids=list(selection.ids))
+    return adapters

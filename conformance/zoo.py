@@ -27,7 +27,6 @@ Exit status: 0 when every mutant is caught and no control fails; 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import html
 import json
 import os
@@ -39,10 +38,10 @@ from conformance import catalogue
 from conformance import mutants as zoo_mutants
 from conformance.adapters import registry
 from conformance.adapters.protocol import missing_capabilities
-from conformance.compare import ConformanceError
 from conformance.expectations import builtin_xfails, read_expectations
-from conformance.failure import FailureClass, classify_exception
-from conformance.report.record import case_id, case_record, one_line
+from conformance.failure import Classified, FailureClass
+from conformance.pipeline import Case, CaseResult, PoolExecutor, run_case
+from conformance.report.record import case_id, one_line
 from conformance.spec import Scenario
 
 SCHEMA = "gradparity.zoo/2"
@@ -70,87 +69,18 @@ def _expected_failures(adapter_name: str) -> dict[str, str]:
     return read_expectations(path) if path else {}
 
 
-class _Recording:
-    """A pool proxy that keeps the outcome of the task it runs (for the zoo's case kind and counts)."""
-
-    def __init__(self, pool):
-        self.pool, self.outcome = pool, None
-
-    def run(self, *args, **kwargs):
-        self.outcome = self.pool.run(*args, **kwargs)
-        return self.outcome
-
-
-class _Session:
-    """What an area's `check(scenario, spec, session)` needs: pools and a timeout scale."""
-
-    def __init__(self, pools, timeout_scale: float):
-        self.pools, self.timeout_scale, self.last = self, timeout_scale, None
-        self._pools = pools
-
-    def get(self, topology):
-        self.last = _Recording(self._pools.get(topology))
-        return self.last
-
-
-def _fired(value) -> int | None:
-    if not isinstance(value, dict):
-        return None
-    if value.get("mutation_fired") is not None:
-        return value["mutation_fired"]
-    stats = value.get("backward_stats")
-    return stats.get("mutation_fired") if isinstance(stats, dict) else None
-
-
-_IN_PROCESS = threading.Lock()  # single-process areas share the coordinator's torch state
-
-
-def _run_case(pools, spec: str, scenario: Scenario, timeout_scale: float) -> dict:
-    t0 = time.perf_counter()
-    session = _Session(pools, timeout_scale)
-    driver = catalogue.driver(scenario.area)
-    result = {"verdict": "passed", "kind": "", "message": "", "records": 0, "fired": None,
-              "comparisons": None, "accepted_error": None}
-    in_process = scenario.area == "data_parallel"
-    adapter = registry.load(spec)
-    with _IN_PROCESS if in_process else contextlib.nullcontext():
-        before = getattr(adapter, "mutation_fired", 0)
-        try:
-            checked = driver.check(scenario, spec, session)
-            result.update(comparisons=checked.comparisons, accepted_error=checked.accepted_error)
-        except ConformanceError as exc:
-            failure = classify_exception(exc)
-            result.update(verdict=failure.failure_class.verdict, kind=ZOO_KIND[failure.failure_class],
-                          failure_class=failure.failure_class.value, cause=failure.cause, message=str(exc)[:6000])
-        outcome = session.last.outcome if session.last else None
-        if in_process:
-            fired = getattr(adapter, "mutation_fired", None)
-            result.update(records=1, fired=None if fired is None else fired - before)
-    stats = {}
-    if outcome is not None:
-        values = {r: v for r, v in outcome.values.items() if isinstance(v, dict)}
-        counts = [c for c in map(_fired, values.values()) if c is not None]
-        result.update(records=len(outcome.values), fired=sum(counts) if counts else None)
-        stats = {r: v.get("backward_stats") for r, v in values.items()}
-        if result["kind"] == "wrong" and any(v.get("error") or v.get("crash") for v in values.values()):
-            result.update(kind="raised", failure_class=FailureClass.RAISED.value)  # recorded in the rank's record
-        result["details"] = {"backward_stats": stats.get(0),
-                             "fired_per_rank": {str(r): _fired(v) for r, v in values.items()}}
-    result["duration_s"] = round(time.perf_counter() - t0, 4)
-    return result
-
-
-def _record(spec: str, scenario: Scenario, **fields) -> dict:
-    """A result in the shape of the suite's JSON report (so its HTML matrix renders it)."""
-    base = case_record(spec, scenario, verdict="passed", message="", duration_s=0.0)
-    return base | {"kind": "", "records": 0, "fired": None} | fields
+def _zoo_record(result) -> dict:
+    """A `CaseResult` in the shape of the suite's JSON report, plus the zoo's word for its kind."""
+    record = result.record()
+    kind = ZOO_KIND[result.failure.failure_class] if result.failure is not None else ""
+    if kind == "wrong" and result.rank_raised:  # the rank's own record says it raised
+        kind, record["failure_class"] = "raised", FailureClass.RAISED.value
+    return record | {"kind": kind}
 
 
 def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, timeout_scale: float,
               progress=None) -> list[dict]:
     """Every (adapter, scenario) case; skips and controls' expected failures resolved here."""
-    from conformance.harness.pool import PoolManager
-
     results: list[dict] = []
     todo: queue.Queue = queue.Queue()
     for spec in specs:
@@ -158,8 +88,8 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
             adapter = registry.load(spec)
         except Exception as exc:  # noqa: BLE001 - an unavailable control is a finding, not a crash
             for s in scenarios:
-                results.append(_record(spec, s, verdict="error", kind="unavailable", failure_class="infrastructure",
-                                      cause=f"cannot load {spec}: {exc}", message=f"cannot load {spec}: {exc}"))
+                why = Classified(FailureClass.INFRASTRUCTURE, f"cannot load {spec}: {exc}")
+                results.append(_zoo_record(CaseResult(Case(s, spec), "error", why.cause, why)) | {"kind": "unavailable"})
             continue
         xfails = _expected_failures(adapter.name)
         unavailable = getattr(adapter, "unavailable", lambda s: None)
@@ -173,29 +103,26 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
             else:
                 why = unavailable(s)
             if why:
-                results.append(_record(spec, s, verdict="skipped", message=why))
+                results.append(_zoo_record(run_case(Case(s, spec, skip=why), None)))
             else:
                 todo.put((spec, s, xfails.get(case_id(spec, s)) or xfails.get(s.id)))
     total, lock = todo.qsize(), threading.Lock()
 
     def worker():
-        pools = PoolManager()
+        executor = PoolExecutor(timeout_scale=timeout_scale)
         try:
             while True:
                 try:
                     spec, s, xfail = todo.get_nowait()
                 except queue.Empty:
                     return
-                r = _record(spec, s, **_run_case(pools, spec, s, timeout_scale))
-                if xfail is not None and r["verdict"] != "error":
-                    r["verdict"] = "xfailed" if r["verdict"] == "failed" else "xpassed"
-                    r["message"] = (r["message"] or f"expected to fail: {xfail}")
+                r = _zoo_record(run_case(Case(s, spec, xfail=xfail), executor))
                 with lock:
                     results.append(r)
                     if progress:
                         progress(len([x for x in results if x["verdict"] != "skipped"]), total, r)
         finally:
-            pools.close()
+            executor.close()
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, workers))]
     for t in threads:

@@ -1,8 +1,7 @@
 """Scenario catalogues per area and the named profiles (quick ⊂ standard ⊂ full).
 
-Each area registers two things: where its scenarios come from, and the module that runs them
-(`run(payload, ctx)` inside rank processes, `check(scenario, adapter_spec, session)` in the
-coordinator).
+Each area's catalogue is one module here; which areas exist (and which catalogue function is
+each one's) is `conformance.area.AREAS`, the one registry.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from conformance.harness.context import resolve
 from conformance.spec import Scenario
 
 PROFILES = ("quick", "standard", "full")
@@ -19,21 +17,13 @@ QUICK, STANDARD, FULL = (frozenset(PROFILES[i:]) for i in range(len(PROFILES)))
 # Short dtype names used in scenario ids.
 SHORT_DTYPE = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
 
-# area -> (scenario factory, driver module)
-AREAS: dict[str, tuple[str, str]] = {
-    "ddp": ("conformance.catalogue.ddp:scenarios", "conformance.runners.ddp"),
-    "data_parallel": ("conformance.catalogue.data_parallel:scenarios", "conformance.runners.data_parallel"),
-    "dist_autograd": ("conformance.catalogue.dist_autograd:scenarios", "conformance.runners.dist_autograd"),
-    "bucketer": ("conformance.catalogue.bucketer:scenarios", "conformance.runners.bucketer"),
-    "sharded": ("conformance.catalogue.sharded:scenarios", "conformance.runners.ddp"),
-}
-
-
 @functools.cache
 def all_scenarios() -> tuple[Scenario, ...]:
+    from conformance.area import AREAS  # the registry imports every catalogue module
+
     out: list[Scenario] = []
-    for factory, _ in AREAS.values():
-        out.extend(resolve(factory)())
+    for area in AREAS.values():
+        out.extend(area.scenarios())
     ids = [s.id for s in out]
     dupes = {i for i in ids if ids.count(i) > 1}
     if dupes:
@@ -74,9 +64,3 @@ def select(
             continue
         chosen.append(on_device(s, device))
     return chosen
-
-
-def driver(area: str):
-    import importlib
-
-    return importlib.import_module(AREAS[area][1])

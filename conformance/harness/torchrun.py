@@ -3,22 +3,32 @@
     torchrun --nnodes 2 --nproc-per-node 4 ... -m conformance.harness.torchrun \\
         --adapter torch-ddp --profile standard --report-dir reports/multinode
 
+The same plan (`conformance.plan`) and the same case pipeline (`conformance.pipeline.run_case`)
+as `gradparity run`; only the executor differs: the torchrun world instead of a warm pool.
+Every area runs: rank areas on the whole world (scenarios whose world size is the torchrun
+world's), single-process areas (data_parallel) on rank 0 alone.
+
 Network: unlike the local pool (loopback only, harness/network.py), this keeps torch's
 behaviour on purpose: the rendezvous (torchrun's TCPStore on MASTER_ADDR:MASTER_PORT, which
 listens on every interface) and gloo's pairs (the interface the hostname resolves to, or
-GLOO_SOCKET_IFNAME) must be reachable from the other nodes.
+GLOO_SOCKET_IFNAME) must be reachable from the other nodes. RPC (dist_autograd) rendezvous on
+a port rank 0 picks on MASTER_ADDR.
 
-Unlike the warm pool, a multi-node world cannot be respawned by the coordinator, so a hang
-or crash is bounded by the process group's timeout (`--timeout`), reported as a failure for
-that scenario, and ends the run (exit status 1). Scenarios whose world size differs from the
-torchrun world are not selected. Only areas whose driver exposes `TASK` and `judge` (ddp,
-sharded) run here.
+[Note: a world cannot be respawned]
+The coordinator cannot replace a torchrun world, so a crash or a hang (bounded by the process
+group's timeout, `--timeout`) ends the run. The report survives it: rank 0 rewrites the
+reports after every case, with every case not yet run listed as an `error` that says why
+(when the world broke: which case broke it; before that: "the run stopped before this case"),
+so even a rank 0 killed by the torchrun agent leaves a report that accounts for every case.
+Expected failures (the xfail lists) run last, so that a known upstream crash cannot take
+healthy cases with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 import traceback
@@ -27,42 +37,91 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from conformance import catalogue
+from conformance import options
 from conformance.adapters import registry
-from conformance.expectations import builtin_xfails, read_expectations
-from conformance.failure import classify_exception
-from conformance.harness.context import RankContext, Topology, configure_rank_threads, resolve
+from conformance.failure import Classified, FailureClass
+from conformance.harness.context import RankContext, Topology, configure_rank_threads
 from conformance.harness.pool import RankFailure, TaskOutcome
-from conformance.report.record import case_id, case_record
+from conformance.pipeline import Case, CaseResult, run_case
+from conformance.plan import make_plan
+from conformance.validation import UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m conformance.harness.torchrun")
-    p.add_argument("--adapter", action="append", default=[])
-    p.add_argument("--ddp-class", action="append", default=[])
-    p.add_argument("--profile", default="quick", choices=catalogue.PROFILES)
-    p.add_argument("--scenario", action="append", default=[])
-    p.add_argument("--area", action="append", default=[], help="areas to run (default: those that can run here)")
-    p.add_argument("--report-dir", default="gradparity-reports")
+    options.add_to_argparse(p)
+    p.add_argument("--area", action="append", default=[], choices=options.AREA_CHOICES, help="only these areas (repeatable)")
     p.add_argument("--timeout", type=float, default=300.0, help="process-group timeout in seconds")
     return p
 
 
-def _run_local(fn_ref: str, payload, ctx) -> dict:
-    """Run the task on this rank; package the answer like the pool's service does."""
-    try:
-        return {"ok": True, "value": resolve(fn_ref)(payload, ctx)}
-    except Exception as exc:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+class TorchrunWorld:
+    """The executor: every rank runs the task on itself; rank 0 gathers the answers."""
+
+    def __init__(self, ctx: RankContext, control):
+        self.ctx, self.control = ctx, control
+        self.broken = ""  # why the world can no longer run a task (it cannot be respawned)
+
+    def run(self, area, scenario, adapter_spec) -> TaskOutcome | None:
+        start = time.perf_counter()
+        try:
+            answer = {"ok": True, "value": area.task((scenario, adapter_spec), self.ctx)}
+        except Exception as exc:  # noqa: BLE001 - the implementation's error, packaged like the pool's service does
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        world = self.ctx.world_size
+        gathered = [None] * world if self.ctx.rank == 0 else None
+        outcome = TaskOutcome(f"{scenario.id} with {adapter_spec}")
+        try:
+            dist.gather_object(answer, gathered, dst=0, group=self.control)
+        except Exception as exc:  # noqa: BLE001 - a rank died, or hung past the group timeout
+            error = f"{type(exc).__name__}: {exc}"
+            # A peer that died closes its connections; one that hangs lets the group time out.
+            died = any(w in error.lower() for w in ("connection closed", "reset by peer", "broken pipe"))
+            outcome.failures[0] = RankFailure(0, "died" if died else "timeout", f"gathering results failed: {error}")
+            self.broken = f"the torchrun world broke during {adapter_spec}|{scenario.id}: {error.splitlines()[0][:200]}"
+        else:
+            for r, a in enumerate(gathered or []):
+                if a is None:
+                    outcome.failures[r] = RankFailure(r, "no-answer", "no result")
+                elif a["ok"]:
+                    outcome.values[r] = a["value"]
+                else:
+                    outcome.failures[r] = RankFailure(r, "raised", a["error"], a["traceback"])
+        outcome.seconds = time.perf_counter() - start
+        return outcome if self.ctx.rank == 0 else None
+
+    def where(self, area, scenario) -> str:  # noqa: ARG002 - one world for every case
+        return f"torchrun world {self.ctx.world_size} ({self.ctx.backend})"
+
+
+def never_ran(case: Case, why: str) -> CaseResult:
+    """A planned case the run could not reach: an `error` (no verdict), never a pass."""
+    cause = Classified(FailureClass.INFRASTRUCTURE, f"never ran: {why}")
+    return CaseResult(case, "error", cause.cause, cause)
+
+
+def _rpc_init_method(rank: int, control) -> str:
+    """A TCP rendezvous for RPC on MASTER_ADDR, on a port rank 0 finds free there."""
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    box = [None]
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            box[0] = f"tcp://{addr}:{s.getsockname()[1]}"
+    dist.broadcast_object_list(box, src=0, group=control)
+    return box[0]
+
+
+def _order(cases: list[Case]) -> list[Case]:
+    """Expected failures last (a known crash must not take healthy cases with it); skips first."""
+    return sorted(cases, key=lambda c: (not c.skip, c.xfail is not None))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    specs = list(args.adapter) + [registry.ddp_class_spec(c) for c in args.ddp_class]
-    specs = specs or list(registry.DEFAULT_ADAPTERS)
     try:
-        adapters = {spec: registry.load(spec) for spec in specs}
-    except registry.AdapterError as exc:
+        selection = options.selection(args, areas=args.area)
+    except (UsageError, registry.AdapterError) as exc:
         print(f"gradparity: error: {exc}", file=sys.stderr)
         return 2
 
@@ -74,79 +133,67 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
-    topology = Topology(world, backend, device)
-    ctx = RankContext(rank, topology, dist.group.WORLD)
+    ctx = RankContext(rank, Topology(world, backend, device), dist.group.WORLD,
+                      rpc_init_method=_rpc_init_method(rank, control))
+    world_run = TorchrunWorld(ctx, control)
 
-    plan = []
+    box = [None]
     if rank == 0:
-        for scenario in catalogue.select(profile=args.profile, world_sizes=[world], device=device, ids=args.scenario):
-            driver = catalogue.driver(scenario.area)
-            if args.area and scenario.area not in args.area or not hasattr(driver, "judge"):
-                continue
-            for spec, adapter in adapters.items():
-                if adapter.area == scenario.area and not (set(scenario.requires) - set(adapter.capabilities)):
-                    plan.append((scenario, spec))
-        print(f"gradparity torchrun: world {world} ({backend}/{device}), {len(plan)} cases", flush=True)
-    box = [plan]
+        from dataclasses import replace
+
+        plan = make_plan(replace(selection, device=device))
+        # Rank areas need scenarios of this world's size; single-process areas run on rank 0.
+        cases = _order([c for c in plan.cases if c.area.in_process or c.scenario.world_size == world])
+        box[0] = cases
+        print(f"gradparity torchrun: world {world} ({backend}/{device}), {len(cases)} cases "
+              f"({sum(bool(c.skip) for c in cases)} skipped)", flush=True)
+        for line in plan.unmatched:
+            print(f"warning: {line}", flush=True)
     dist.broadcast_object_list(box, src=0, group=control)
-    plan = box[0]
+    cases: list[Case] = box[0]
 
-    xfails = {}
-    for adapter in adapters.values():
-        path = builtin_xfails(adapter.name)
-        xfails.update(read_expectations(path) if path else {})
-    results, failed = [], False
-    for index, (scenario, spec) in enumerate(plan):
-        driver = catalogue.driver(scenario.area)
-        start = time.perf_counter()
-        answer = _run_local(driver.TASK, (scenario, spec), ctx)
-        gathered = [None] * world if rank == 0 else None
-        try:
-            dist.gather_object(answer, gathered, dst=0, group=control)
-        except Exception as exc:  # a rank died or hung past the group timeout
-            gathered = None
-            error = f"{type(exc).__name__}: {exc}"
+    results: list[CaseResult] = []
+    for index, case in enumerate(cases):
+        runs_here = not case.skip and not case.area.in_process
         if rank != 0:
+            if runs_here:
+                world_run.run(case.area, case.scenario, case.adapter_spec)
+            if world_run.broken:
+                break
             continue
-        outcome = TaskOutcome(f"{scenario.id} with {spec}")
-        if gathered is None:
-            # A peer that died closes its connections; one that hangs lets the group time out.
-            died = any(w in error.lower() for w in ("connection closed", "reset by peer", "broken pipe"))
-            outcome.failures[0] = RankFailure(0, "died" if died else "timeout", f"gathering results failed: {error}")
+        if world_run.broken:
+            result = never_ran(case, world_run.broken)
         else:
-            for r, a in enumerate(gathered):
-                if a is None:
-                    outcome.failures[r] = RankFailure(r, "no-answer", "no result")
-                elif a["ok"]:
-                    outcome.values[r] = a["value"]
-                else:
-                    outcome.failures[r] = RankFailure(r, "raised", a["error"], a["traceback"])
-        outcome.seconds = time.perf_counter() - start
-        failure = None
-        try:
-            checked = driver.judge(scenario, spec, outcome, where=f"torchrun world {world}")
-            verdict, message = "passed", ""
-        except Exception as exc:  # noqa: BLE001 - classified: a harness bug is an `error`, not a crash of the run
-            failure = classify_exception(exc)
-            checked, verdict, message = None, failure.failure_class.verdict, str(exc)
-        case = case_id(spec, scenario)
-        if case in xfails and verdict != "error":  # a known upstream bug: recorded, and a pass is news (strict)
-            verdict, message = ("xfailed", xfails[case]) if verdict == "failed" else ("xpassed", "listed as xfail but passed")
-        failed = failed or verdict in ("failed", "error", "xpassed")
-        results.append(case_record(spec, scenario, verdict=verdict, message=message, duration_s=outcome.seconds,
-                                   checked=checked, failure=failure))
-        why = f": {failure.line()}" if failure is not None else ""
-        print(f"[{index + 1}/{len(plan)}] {verdict.upper():6} {spec}|{scenario.id}{why}", flush=True)
-        if gathered is None:
-            break  # the world is broken and cannot be respawned from here
+            result = run_case(case, world_run)
+        results.append(result)
+        _progress(index, len(cases), result)
+        _write(args, selection, results, cases[index + 1:], world_run.broken)
+    code = 0
     if rank == 0:
-        from conformance.report import write_reports
+        from conformance.report.terminal import print_run_summary
 
-        paths = write_reports(args.report_dir, results, adapters=specs, profile=args.profile)
-        print(f"gradparity torchrun: {sum(r['verdict'] == 'passed' for r in results)}/{len(results)} passed; "
-              f"report {paths['json']}", flush=True)
-    dist.destroy_process_group()
-    return 1 if failed or (rank == 0 and not results) else 0
+        written = _write(args, selection, results, [], world_run.broken)
+        print_run_summary([r.record() for r in results], written, plan.unmatched)
+        code = 1 if not results or any(r.verdict in ("failed", "error", "xpassed") for r in results) else 0
+    if not world_run.broken:
+        dist.destroy_process_group()
+    return code
+
+
+def _progress(index: int, total: int, result: CaseResult) -> None:
+    why = f": {result.failure.line()}" if result.failure is not None else ""
+    if result.verdict == "skipped":
+        why = f": {result.message}"
+    print(f"[{index + 1}/{total}] {result.verdict.upper():7} {result.case.id}{why}", flush=True)
+
+
+def _write(args, selection, results: list[CaseResult], left: list[Case], broken: str) -> dict:
+    """Every planned case is in the report: the ones not reached yet as errors that say why."""
+    from conformance.report import write_reports
+
+    why = broken or "the run stopped before this case (a rank aborted, or the torchrun agent ended the world)"
+    records = [r.record() for r in results] + [never_ran(c, why).record() for c in left]
+    return write_reports(args.report_dir, records, adapters=list(selection.specs), profile=selection.profile)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The `bucketer` area's driver: rank side (`run`) and coordinator side (`check`).
+"""The `bucketer` area: rank side (`run`) and coordinator side (`judge`, oracle `expected_result`).
 
 Each rank replays the scenario's plan (`conformance.catalogue.bucketer.plan`) against the
 adapter's bucketer and records a log of what happened, in order — call entered, callback
@@ -24,10 +24,8 @@ from conformance.catalogue.bucketer import (
 )
 from conformance.compare import ConformanceError, compare_tensor, failure_message
 from conformance.contract import Checked, repro_command
-from conformance.failure import run_failed
 from conformance.spec import Scenario
 
-TASK = "conformance.runners.bucketer:run"
 _GROUPS: dict[tuple, object] = {}  # (world group, kind, rank) -> this rank's group of that kind
 
 
@@ -103,22 +101,6 @@ def run(payload, ctx) -> dict:
     # Known-bad bucketers count where their bug changed what the correct one would have done.
     return {"rounds": rounds, "seconds": time.perf_counter() - t0, "error": error,
             "mutation_fired": getattr(bucketer, "mutation_fired", None)}
-
-
-def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
-    from conformance.harness.context import choose_topology
-
-    topology = choose_topology(scenario.world_size, scenario.device)
-    outcome = session.pools.get(topology).run(
-        TASK, (scenario, adapter_spec),
-        timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
-    )
-    if not outcome.ok:
-        raise run_failed(scenario.id, adapter_spec, outcome, where=topology.key(),
-                         repro=repro_command(scenario, adapter_spec))
-    checked = judge(scenario, adapter_spec, outcome.values)
-    checked.details = {"seconds": outcome.seconds, "rank_seconds": outcome.values[0].get("seconds")}
-    return checked
 
 
 def expected_result(scenario: Scenario, round_: int, rank: int, index: int, call) -> torch.Tensor:

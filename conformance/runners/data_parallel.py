@@ -41,8 +41,18 @@ from conformance.spec import Scenario
 SWITCHES = ("input_grad", "no_grad")  # scenario switches, not model arguments
 
 
-def run(payload, ctx):  # noqa: ARG001 - the area needs no rank processes
-    raise RuntimeError("the data_parallel area is single-process: its check runs in the coordinator")
+def run(payload, ctx=None) -> Checked:  # noqa: ARG001 - in-process: no rank context
+    """The area's task, run in the coordinator (one process drives every replica).
+
+    The oracle steps beside the implementation, so comparing happens here as it runs (a wrong
+    step is reported at that step); the record this returns is already the verdict."""
+    scenario, adapter_spec = payload
+    return check(scenario, adapter_spec)
+
+
+def judge(scenario: Scenario, adapter_spec: str, records: dict[int, Checked]) -> Checked:  # noqa: ARG001
+    """`run` compared as it went: its `Checked` is the verdict."""
+    return records[0]
 
 
 def _grads(module) -> dict:
@@ -91,7 +101,7 @@ def _clone_inputs(obj, grad: bool):
     return obj
 
 
-def _oracle_forward(oracle, inputs: tuple, spec, replicas: int):
+def oracle_forward(oracle, inputs: tuple, spec, replicas: int):
     """The module on the full batch, or ("per-chunk") on each equal chunk in turn, gathered."""
     if spec.oracle != "per-chunk":
         return oracle(*inputs)
@@ -105,7 +115,7 @@ def _oracle_forward(oracle, inputs: tuple, spec, replicas: int):
     return torch.cat(outs, spec.dim)
 
 
-def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
+def check(scenario: Scenario, adapter_spec: str) -> Checked:
     from conformance.adapters import registry
 
     adapter = registry.load(adapter_spec)
@@ -137,7 +147,7 @@ def check(scenario: Scenario, adapter_spec: str, session=None) -> Checked:
     for step in range(scenario.steps):
         drawn = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
         inputs, oracle_inputs = _clone_inputs(drawn, input_grad), _clone_inputs(drawn, input_grad)
-        expected_out = _oracle_forward(oracle, oracle_inputs, spec, scenario.world_size)
+        expected_out = oracle_forward(oracle, oracle_inputs, spec, scenario.world_size)
         total_loss(expected_out).backward()
         t0 = time.perf_counter()
         try:
@@ -196,7 +206,7 @@ def _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, f
     inputs = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
     before = _grads(model)
     with torch.no_grad():
-        expected_out = _oracle_forward(oracle, inputs, spec, scenario.world_size)
+        expected_out = oracle_forward(oracle, inputs, spec, scenario.world_size)
         try:
             out = adapter.data_parallel(model, inputs, device_list, device_list[0], spec.dim)
         except Exception as exc:  # noqa: BLE001 - the implementation's error is the finding

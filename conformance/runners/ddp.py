@@ -101,50 +101,19 @@ def _zero_grad(scenario: Scenario, step: int, optimizer, wrapped, owns) -> None:
         optimizer.zero_grad(set_to_none=set_to_none)
 
 
-TASK = "conformance.runners.ddp:run"
-
-
-def check(scenario: Scenario, adapter_spec: str, session):
-    """Coordinator side: run on a warm world, then judge every rank's record against the oracle."""
-    from conformance.harness.context import choose_topology
-
-    topology = choose_topology(scenario.world_size, scenario.device)
-    outcome = session.pools.get(topology).run(
-        TASK, (scenario, adapter_spec),
-        timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
-    )
-    return judge(scenario, adapter_spec, outcome, where=topology.key())
-
-
-def judge(scenario: Scenario, adapter_spec: str, outcome, where: str = ""):
-    """Compare a finished task's per-rank records with the oracle (also used under torchrun)."""
+def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]):
+    """Compare every rank's record with the oracle (under the adapter's declared semantics)."""
     from conformance import baseline, contract
-    from conformance.compare import ConformanceError
-    from conformance.failure import run_failed
     from conformance.semantics import declared
 
-    details = {
-        "seconds": outcome.seconds,
-        "rank_seconds": {r: v.get("seconds") for r, v in outcome.values.items()},
-        "backward_stats": {r: v.get("backward_stats") for r, v in outcome.values.items()},
-    }
     semantics = declared(registry.load(adapter_spec), scenario)
+    checked = contract.check_records(
+        scenario, adapter_spec, baseline.compute(scenario, semantics), records, semantics=semantics,
+    )
     # Every declared deviation from torch DDP's rules travels with the verdict into the report.
-    details["declared"] = semantics.deviations()
-    details["declared_sources"] = list(semantics.sources)
-    try:
-        if not outcome.ok:
-            raise run_failed(scenario.id, adapter_spec, outcome, where=where,
-                             repro=contract.repro_command(scenario, adapter_spec))
-        checked = contract.check_records(
-            scenario, adapter_spec, baseline.compute(scenario, semantics), outcome.values, semantics=semantics,
-        )
-        if scenario.features:
-            from conformance.runners.ddp_features import check_determinism
+    checked.details.update(declared=semantics.deviations(), declared_sources=list(semantics.sources))
+    if scenario.features:
+        from conformance.runners.ddp_features import check_determinism
 
-            details["determinism"] = check_determinism(scenario, adapter_spec, outcome.values)
-    except ConformanceError as exc:
-        exc.details = details  # the report keeps what the ranks said even when they were wrong
-        raise
-    checked.details = details
+        checked.details["determinism"] = check_determinism(scenario, adapter_spec, records)
     return checked

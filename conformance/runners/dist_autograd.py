@@ -29,7 +29,6 @@ import torch
 
 from conformance.compare import ConformanceError, Mismatch, compare_dicts, failure_message
 from conformance.contract import Checked, repro_command
-from conformance.failure import run_failed
 from conformance.runners import dist_autograd_fns as fns
 from conformance.spec import Scenario
 from refimpl import _torch_compat as compat
@@ -248,18 +247,10 @@ def _dense(grads: dict) -> dict:
     return {n: (g.to_dense() if g is not None and g.layout != torch.strided else g) for n, g in grads.items()}
 
 
-def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
-    from conformance.harness.context import choose_topology
-
+def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Checked:
+    """Worker 0's record (the caller of every composition) against local autograd."""
     repro = repro_command(scenario, adapter_spec)
-    topology = choose_topology(scenario.world_size, "cpu")  # RPC tensors stay on CPU
-    outcome = session.pools.get(topology).run(
-        "conformance.runners.dist_autograd:run", (scenario, adapter_spec),
-        timeout=scenario.timeout_s * session.timeout_scale, label=f"{scenario.id} with {adapter_spec}",
-    )
-    if not outcome.ok:
-        raise run_failed(scenario.id, adapter_spec, outcome, where=topology.key(), repro=repro)
-    rec = outcome.values[0]
+    rec = records[0]
     if rec.get("crash"):
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: rank 0 raised\n{rec['crash']}  repro: {repro}")
     kind = scenario.model
@@ -289,7 +280,7 @@ def check(scenario: Scenario, adapter_spec: str, session) -> Checked:
     if len(main["passes"]) != passes:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: {len(main['passes'])} of {passes} passes recorded")
     count = _compare_passes(scenario, adapter_spec, kind, main, oracle(scenario, kind), repro)
-    return Checked(count, details={"seconds": rec.get("seconds"), "outcome_seconds": outcome.seconds})
+    return Checked(count, details={"seconds": rec.get("seconds")})
 
 
-__all__ = ["Mismatch", "check", "fetch_debug_info", "fetch_grads", "oracle", "run"]
+__all__ = ["Mismatch", "judge", "fetch_debug_info", "fetch_grads", "oracle", "run"]

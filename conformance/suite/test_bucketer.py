@@ -2,10 +2,10 @@
 flush() with the exact sum over ranks of its chunk, results that stay valid, and the callback
 order both FairScale and refimpl document."""
 
-from conformance.plugin import run_case
+from conformance.plugin import run_suite_case
 
 AREA = "bucketer"
 
 
 def test_bucketer(gp_case, request):
-    run_case(request, AREA)
+    run_suite_case(request)

@@ -1,10 +1,10 @@
 """The DDP contract (DESIGN.md): construction sync, averaged gradients after every synced
 backward, local accumulation under no_sync, bitwise-identical ranks, rank 0's buffers."""
 
-from conformance.plugin import run_case
+from conformance.plugin import run_suite_case
 
 AREA = "ddp"
 
 
 def test_ddp(gp_case, request):
-    run_case(request, AREA)
+    run_suite_case(request)

@@ -2,10 +2,10 @@
 equal local autograd over the same composition; retained passes accumulate; a remote failure
 surfaces as 'Error on Node N' on the caller and leaves no context behind."""
 
-from conformance.plugin import run_case
+from conformance.plugin import run_suite_case
 
 AREA = "dist_autograd"
 
 
 def test_dist_autograd(gp_case, request):
-    run_case(request, AREA)
+    run_suite_case(request)

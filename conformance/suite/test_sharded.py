@@ -2,10 +2,10 @@
 gradients and parameters — construction sync, averaged gradients after every synced backward,
 local accumulation under no_sync, bitwise-identical ranks."""
 
-from conformance.plugin import run_case
+from conformance.plugin import run_suite_case
 
 AREA = "sharded"
 
 
 def test_sharded(gp_case, request):
-    run_case(request, AREA)
+    run_suite_case(request)

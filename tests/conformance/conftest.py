@@ -1,15 +1,13 @@
-"""Fixtures shared by the area tests that drive a driver's `check` directly."""
-
-from types import SimpleNamespace
+"""Fixtures shared by the area tests that run cases through the pipeline directly."""
 
 import pytest
 
 
 @pytest.fixture(scope="module")
 def session():
-    """What `check(scenario, adapter, session)` needs: warm pools and a timeout scale."""
-    from conformance.harness.pool import PoolManager
+    """An executor for `conformance.pipeline.check(scenario, adapter, session)`: warm pools, a timeout scale."""
+    from conformance.pipeline import PoolExecutor
 
-    pools = PoolManager()
-    yield SimpleNamespace(pools=pools, timeout_scale=2.0)
-    pools.close()
+    executor = PoolExecutor(timeout_scale=2.0)
+    yield executor
+    executor.close()

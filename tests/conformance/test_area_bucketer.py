@@ -10,6 +10,7 @@ from conformance.adapters.bucketer import FairScaleBucketer
 from conformance.catalogue.bucketer import chunk, must_be_immediate, plan, shard_elements
 from conformance.compare import ConformanceError
 from conformance.mutants import bucketer as zoo
+from conformance.pipeline import check
 from conformance.runners import bucketer as driver
 from tests.conformance.area_cases import assert_caught, mutant_spec
 from tests.conformance.area_cases import scenario as _get
@@ -65,7 +66,7 @@ def test_implementations_conform(session, adapter, scenario_id):
     reason = getattr(registry.load(adapter), "unavailable", lambda s: None)(_get(scenario_id))
     if reason:
         pytest.skip(reason)
-    assert driver.check(_get(scenario_id), adapter, session).comparisons > 10
+    assert check(_get(scenario_id), adapter, session).comparisons > 10
 
 
 FORMS = "bucketer/forms/0.005mb/w2/fp32"
@@ -99,14 +100,14 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_broken_bucketers_are_caught_where_they_fire(session, name):
     scenario_id, needle = CAUGHT[name]
-    caught = assert_caught(lambda s, spec: driver.check(s, spec, session), scenario_id, mutant_spec("bucketer", name), needle)
+    caught = assert_caught(lambda s, spec: check(s, spec, session), scenario_id, mutant_spec("bucketer", name), needle)
     assert "rank " in str(caught) and "repro: gradparity run" in str(caught)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario_id", [MIXED, FORMS, GROUPS])
 def test_the_zoo_base_passes_through_the_same_path(session, scenario_id):
-    assert driver.check(_get(scenario_id), "conformance.mutants.bucketer:correct", session).comparisons > 10
+    assert check(_get(scenario_id), "conformance.mutants.bucketer:correct", session).comparisons > 10
 
 
 @pytest.mark.slow
@@ -114,7 +115,7 @@ def test_immediate_rule_is_checked(session):
     """A bucketer that defers even oversized inputs to flush() breaks the documented order."""
     spec = "conformance.mutants.bucketer:reversed_order"  # defers everything
     with pytest.raises(ConformanceError, match="must be reduced before its call returns"):
-        driver.check(_get(OVERSIZED), spec, session)
+        check(_get(OVERSIZED), spec, session)
 
 
 # -- meta: the judge on hand-built records (no processes) -------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 
 from conformance import catalogue
 from conformance.compare import ConformanceError
+from conformance.pipeline import check
 from conformance.runners import dist_autograd as driver
 from tests.conformance.area_cases import scenario as _get
 
@@ -37,24 +38,24 @@ def test_oracle_is_local_autograd():
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", catalogue.select(area="dist_autograd", profile="standard"), ids=str)
 def test_refimpl_conforms(session, scenario):
-    assert driver.check(scenario, "refimpl-dist-autograd", session).comparisons >= 3
+    assert check(scenario, "refimpl-dist-autograd", session).comparisons >= 3
 
 
 @pytest.mark.slow
 def test_torch_error_message_is_normalised(session):
-    checked = driver.check(_get("dist_autograd/remote-error/w3/fp64"), "torch-dist-autograd", session)
+    checked = check(_get("dist_autograd/remote-error/w3/fp64"), "torch-dist-autograd", session)
     assert "Error on Node 2: Simulate error on backward pass" in checked.accepted_error
 
 
 @pytest.mark.slow
 def test_lost_send_is_caught(session):
     with pytest.raises(ConformanceError) as info:
-        driver.check(_get("dist_autograd/sent-twice/w3/fp64"), MUTANT, session)
+        check(_get("dist_autograd/sent-twice/w3/fp64"), MUTANT, session)
     message = str(info.value)
     assert "dist_autograd/sent-twice/w3/fp64" in message and "backward pass 1" in message
     assert "x@worker0" in message and "differ" in message and "repro: gradparity run" in message
     # the pool is still healthy afterwards
-    assert driver.check(_get("dist_autograd/simple/w2/fp64"), "refimpl-dist-autograd", session).comparisons
+    assert check(_get("dist_autograd/simple/w2/fp64"), "refimpl-dist-autograd", session).comparisons
 
 
 # -- issue 16: the failure classes torch's own dist_autograd tests found -------------------------
@@ -79,7 +80,7 @@ def test_issue16_scenarios_each_have_a_known_bad_implementation():
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(ISSUE16))
 def test_torch_passes_issue16_scenarios(session, kind):
-    assert driver.check(ISSUE16[kind], "torch-dist-autograd", session).comparisons >= 3
+    assert check(ISSUE16[kind], "torch-dist-autograd", session).comparisons >= 3
 
 
 # tensor-free last: its known-bad implementation leaks a context for good on worker2 of the
@@ -89,5 +90,5 @@ def test_torch_passes_issue16_scenarios(session, kind):
 def test_issue16_known_bad_is_caught(session, kind):
     mutant, expected = ISSUE16_MUTANTS[kind]
     with pytest.raises(ConformanceError) as info:
-        driver.check(ISSUE16[kind], f"conformance.adapters.dist_autograd:{mutant}", session)
+        check(ISSUE16[kind], f"conformance.adapters.dist_autograd:{mutant}", session)
     assert expected in str(info.value), str(info.value)[:2000]

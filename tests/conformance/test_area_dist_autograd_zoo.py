@@ -9,6 +9,7 @@ import torch
 from conformance import catalogue
 from conformance.compare import ConformanceError
 from conformance.mutants import dist_autograd as zoo
+from conformance.pipeline import check
 from conformance.runners import dist_autograd as driver
 from tests.conformance.area_cases import assert_caught, mutant_spec
 from tests.conformance.area_cases import scenario as _get
@@ -26,7 +27,7 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 def test_the_zoo_base_passes_through_the_same_path(session):
     # first: a mutant's case may leave work behind on a worker (cleanup is asynchronous)
     for scenario_id in sorted({s for s, _ in CAUGHT.values()}):
-        assert driver.check(_get(scenario_id), PREFIX + "correct", session).comparisons >= 3
+        assert check(_get(scenario_id), PREFIX + "correct", session).comparisons >= 3
 
 
 # a cheap subset on quick-profile scenarios; `gradparity zoo --area dist_autograd` runs them all
@@ -55,7 +56,7 @@ def test_broken_implementations_are_caught_where_they_fire(session, name):
 
     session.pools.get = lambda topology: Recording(pool_run(topology))
     try:
-        assert_caught(lambda s, spec: driver.check(s, spec, session), scenario_id, mutant_spec("dist_autograd", name), needle)
+        assert_caught(lambda s, spec: check(s, spec, session), scenario_id, mutant_spec("dist_autograd", name), needle)
     finally:
         del session.pools.get
     assert outcomes[-1].values[0]["mutation_fired"] > 0, f"{name} failed without its bug firing"

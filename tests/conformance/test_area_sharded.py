@@ -4,12 +4,12 @@ refimpl-sharded / FSDP / FSDP2 driven through the DDP runner on warm pools."""
 
 import pytest
 
-from conformance import catalogue
+from conformance import area, catalogue
 from conformance.adapters import registry
 from conformance.compare import ConformanceError
-from conformance.runners import ddp as driver
+from conformance.pipeline import Case, check, run_case
 from conformance.spec import Capability as C
-from tests.conformance.area_cases import assert_caught, mutant_spec
+from tests.conformance.area_cases import mutant_spec
 from tests.conformance.area_cases import scenario as _get
 
 
@@ -42,21 +42,21 @@ def test_capabilities_are_declared_per_adapter():
     "sharded/unused-on-rank1/branches/w2/fp32",
 ])
 def test_refimpl_sharded_conforms(session, scenario_id):
-    assert driver.check(_get(scenario_id), "refimpl-sharded", session).comparisons > 5
+    assert check(_get(scenario_id), "refimpl-sharded", session).comparisons > 5
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["torch-fsdp", "torch-fsdp2"])
 def test_torch_fsdp_conforms_on_the_basics(session, adapter):
     for scenario_id in ("sharded/plain/mlp/w2/fp32", "sharded/no-sync/mlp/w2/fp32"):
-        assert driver.check(_get(scenario_id), adapter, session).comparisons > 5
+        assert check(_get(scenario_id), adapter, session).comparisons > 5
 
 
 @pytest.mark.slow
 def test_fsdp_zero_filled_grads_are_reported(session):
     """FSDP1's flat gradient zero-fills a parameter no rank used (the contract wants None)."""
     with pytest.raises(ConformanceError, match=r"never\.weight: expected grad None"):
-        driver.check(_get("sharded/unused-on-all/branches/w2/fp32"), "torch-fsdp", session)
+        check(_get("sharded/unused-on-all/branches/w2/fp32"), "torch-fsdp", session)
 
 
 # -- the zoo: one known-bad engine per clause of docs/contracts/sharded.md ---------------------------
@@ -82,17 +82,19 @@ CAUGHT = {
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_broken_engines_are_caught_where_they_fire(session, name):
     scenario_id, needle = CAUGHT[name]
-    caught = assert_caught(lambda s, spec: driver.check(s, spec, session), scenario_id, mutant_spec("sharded", name), needle)
-    fired = [s["mutation_fired"] for s in caught.details["backward_stats"].values()]
-    assert sum(fired) > 0, f"{name} failed without its bug firing"
+    result = run_case(Case(_get(scenario_id), mutant_spec("sharded", name)), session)
+    assert result.verdict == "failed", result.message
+    assert scenario_id in result.message and needle in result.message, result.message
+    fired = [s["mutation_fired"] for s in result.details["backward_stats"].values()]
+    assert sum(fired) > 0 and result.fired == sum(fired), f"{name} failed without its bug firing"
 
 
 @pytest.mark.slow
 def test_the_zoo_base_passes_through_the_same_path(session):
     for scenario_id in {s for s, _ in CAUGHT.values()}:
-        checked = driver.check(_get(scenario_id), "conformance.mutants.sharded:correct", session)
-        assert checked.comparisons > 5
-        assert all(s["mutation_fired"] == 0 for s in checked.details["backward_stats"].values())
+        result = run_case(Case(_get(scenario_id), "conformance.mutants.sharded:correct"), session)
+        assert result.verdict == "passed" and result.checked.comparisons > 5, result.message
+        assert all(s["mutation_fired"] == 0 for s in result.details["backward_stats"].values())
 
 
 def test_sharded_judge_fails_on_one_ulp_and_passes_the_control():
@@ -100,7 +102,7 @@ def test_sharded_judge_fails_on_one_ulp_and_passes_the_control():
     from conformance.contract import check_records
     from tests.conformance import test_compare_meta as meta
 
-    assert catalogue.AREAS["sharded"][1] == "conformance.runners.ddp"
+    assert area.AREAS["sharded"].judge is area.AREAS["ddp"].judge
     scenario = meta.SCENARIO.with_(id="sharded/meta/hand-built/w2/fp32", area="sharded")
     baseline, records = meta._oracle()
     baseline.scenario = scenario

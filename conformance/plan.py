@@ -1,0 +1,136 @@
+"""Planning: a selection becomes the list of cases to run, each with its skip or xfail reason.
+
+Shared by every front end (the pytest plugin parametrizes from it, `gradparity zoo` and the
+torchrun launcher loop over it), so the same selection means the same cases, skipped and
+expected to fail for the same reasons, whichever door a user came through:
+
+1. scenarios: the catalogue filtered by profile, world sizes, device, explicit ids and areas;
+2. cases: every scenario × every adapter of its area;
+3. capability skips: a scenario needing a capability the adapter lacks is skipped with the
+   capability named (never passed); an adapter may also say a scenario cannot run here
+   (`adapter.unavailable(scenario)`, e.g. CUDA-only on a CPU run);
+4. expectations: entries of the skips files skip, entries of the xfails files (the user's and
+   each built-in adapter's `conformance/adapters/xfails/<name>.txt`) mark expected failures.
+   An entry is a case id (`adapter|scenario`) or a pytest node id ending in `[adapter|scenario]`.
+   Entries that match no planned case although they could have are reported (stale lists).
+
+Nothing here starts a process or imports an implementation beyond loading its adapter.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from conformance import catalogue
+from conformance.adapters import registry
+from conformance.adapters.protocol import missing_capabilities
+from conformance.expectations import builtin_xfails, read_expectations
+from conformance.pipeline import Case
+from conformance.report.record import CASE_SEPARATOR
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a user asked for (already validated: `conformance.validation`)."""
+
+    adapters: tuple[str, ...] = ()  # adapter specs; empty: the default adapters
+    profile: str = "quick"
+    areas: tuple[str, ...] = ()  # empty: every area
+    world_sizes: tuple[int, ...] = ()
+    device: str = "cpu"
+    ids: tuple[str, ...] = ()  # explicit scenario ids (whatever their profile)
+    xfail_files: tuple[str, ...] = ()
+    skip_files: tuple[str, ...] = ()
+    builtin_xfails: bool = True  # the built-in adapters' lists of known upstream failures
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        return self.adapters or registry.DEFAULT_ADAPTERS
+
+
+@dataclass
+class Plan:
+    cases: list[Case] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)  # warnings: expectation entries that matched nothing
+
+
+def plan_cases(selection: Selection) -> list[Case]:
+    return make_plan(selection).cases
+
+
+def make_plan(selection: Selection) -> Plan:
+    adapters = {spec: registry.load(spec) for spec in selection.specs}
+    scenarios = [s for s in catalogue.select(profile=selection.profile, world_sizes=selection.world_sizes,
+                                             device=selection.device, ids=selection.ids)
+                 if not selection.areas or s.area in selection.areas]
+    expectations = _expectations(selection, adapters)
+    plan, hit = Plan(), set()
+    for spec, adapter in adapters.items():
+        for scenario in scenarios:
+            if adapter.area != scenario.area:
+                continue
+            case = Case(scenario, spec)
+            skip, xfail = _capability_skip(adapter, scenario), None
+            for index, e in enumerate(expectations):
+                if (e.owner is None or e.owner == adapter.name) and _matches(e.entry, case):
+                    hit.add(index)
+                    if e.kind == "skip":
+                        skip = skip or e.reason
+                    elif xfail is None:
+                        xfail = e.reason
+            plan.cases.append(Case(scenario, spec, skip=skip, xfail=xfail))
+    for index, e in enumerate(expectations):
+        if index not in hit and _could_run_here(e.entry, selection):
+            plan.unmatched.append(f"{e.source}: {e.kind} entry {e.entry!r} matches no collected case")
+    return plan
+
+
+@dataclass(frozen=True)
+class _Expectation:
+    entry: str
+    reason: str
+    kind: str  # "xfail" | "skip"
+    owner: str | None  # a built-in list applies to its adapter only
+    source: str  # the file's name, for warnings
+
+
+def _expectations(selection: Selection, adapters: dict) -> list[_Expectation]:
+    files = [(path, "xfail", None) for path in selection.xfail_files]
+    files += [(path, "skip", None) for path in selection.skip_files]
+    if selection.builtin_xfails:
+        for name in dict.fromkeys(a.name for a in adapters.values()):
+            path = builtin_xfails(name)
+            if path:
+                files.append((path, "xfail", name))
+    return [_Expectation(entry, reason, kind, owner, os.path.basename(path))
+            for path, kind, owner in files for entry, reason in read_expectations(path).items()]
+
+
+def _capability_skip(adapter, scenario) -> str:
+    missing = missing_capabilities(adapter, scenario.requires)
+    if missing:
+        return f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}"
+    unavailable = getattr(adapter, "unavailable", None)
+    reason = unavailable(scenario) if callable(unavailable) else None
+    return f"{adapter.name}: {reason}" if reason else ""
+
+
+def _matches(entry: str, case: Case) -> bool:
+    """A case id, or a pytest node id whose parameter is the case id."""
+    return entry == case.id or entry.endswith(f"[{case.id}]")
+
+
+def _could_run_here(entry: str, selection: Selection) -> bool:
+    """Built-in lists name cases of every profile: only warn for entries this selection could have run."""
+    case = entry.rsplit("[", 1)[-1].rstrip("]") if entry.endswith("]") else entry
+    adapter = case.split(CASE_SEPARATOR, 1)[0] if CASE_SEPARATOR in case else None
+    if adapter and adapter not in selection.specs:
+        return False
+    scenario_id = case.split(CASE_SEPARATOR, 1)[-1]
+    scenario = next((s for s in catalogue.all_scenarios() if s.id == scenario_id), None)
+    if scenario is None:
+        return True  # names no scenario at all: a stale entry
+    if selection.ids or (selection.areas and scenario.area not in selection.areas):
+        return False
+    return selection.profile in scenario.profiles and (not selection.world_sizes or scenario.world_size in selection.world_sizes)
