@@ -11,8 +11,8 @@ world's), single-process areas (data_parallel) on rank 0 alone.
 Network: unlike the local pool (loopback only, harness/network.py), this keeps torch's
 behaviour on purpose: the rendezvous (torchrun's TCPStore on MASTER_ADDR:MASTER_PORT, which
 listens on every interface) and gloo's pairs (the interface the hostname resolves to, or
-GLOO_SOCKET_IFNAME) must be reachable from the other nodes. RPC (dist_autograd) rendezvous on
-a port rank 0 picks on MASTER_ADDR.
+GLOO_SOCKET_IFNAME) must be reachable from the other nodes; RPC (dist_autograd) rendezvous in
+torchrun's store too, and TensorPipe follows the same hostname resolution.
 
 [Note: a world cannot be respawned]
 The coordinator cannot replace a torchrun world, so a crash or a hang (bounded by the process
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 import traceback
@@ -100,18 +99,6 @@ def never_ran(case: Case, why: str) -> CaseResult:
     return CaseResult(case, "error", cause.cause, cause)
 
 
-def _rpc_init_method(rank: int, control) -> str:
-    """A TCP rendezvous for RPC on MASTER_ADDR, on a port rank 0 finds free there."""
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    box = [None]
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            box[0] = f"tcp://{addr}:{s.getsockname()[1]}"
-    dist.broadcast_object_list(box, src=0, group=control)
-    return box[0]
-
-
 def _order(cases: list[Case]) -> list[Case]:
     """Expected failures last (a known crash must not take healthy cases with it); skips first."""
     return sorted(cases, key=lambda c: (not c.skip, c.xfail is not None))
@@ -133,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
-    ctx = RankContext(rank, Topology(world, backend, device), dist.group.WORLD,
-                      rpc_init_method=_rpc_init_method(rank, control))
+    # RPC (dist_autograd) rendezvous through torchrun's own store (MASTER_ADDR:MASTER_PORT, which
+    # every rank reaches as a client); torch prefixes RPC's keys, so they cannot meet the group's.
+    ctx = RankContext(rank, Topology(world, backend, device), dist.group.WORLD, rpc_init_method="env://")
     world_run = TorchrunWorld(ctx, control)
 
     box = [None]
@@ -176,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         print_run_summary([r.record() for r in results], written, plan.unmatched)
         code = 1 if not results or any(r.verdict in ("failed", "error", "xpassed") for r in results) else 0
     if not world_run.broken:
+        if ctx.scratch.get("rpc"):
+            from torch.distributed import rpc
+
+            rpc.shutdown()  # collective: every rank ran the same RPC cases
         dist.destroy_process_group()
     return code
 
