@@ -33,16 +33,15 @@ import os
 import queue
 import threading
 import time
+from dataclasses import replace
 
 from conformance import catalogue
 from conformance import mutants as zoo_mutants
 from conformance.adapters import registry
-from conformance.adapters.protocol import missing_capabilities
-from conformance.expectations import builtin_xfails, read_expectations
 from conformance.failure import Classified, FailureClass
 from conformance.pipeline import Case, CaseResult, PoolExecutor, run_case
-from conformance.report.record import case_id, one_line
-from conformance.spec import Scenario
+from conformance.plan import Selection, plan_cases
+from conformance.report.record import one_line
 
 SCHEMA = "gradparity.zoo/2"
 BASE = registry.ddp_class_spec(zoo_mutants.BASE)
@@ -64,11 +63,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # -- running ----------------------------------------------------------------------------------
-def _expected_failures(adapter_name: str) -> dict[str, str]:
-    path = builtin_xfails(adapter_name)
-    return read_expectations(path) if path else {}
-
-
 def _zoo_record(result) -> dict:
     """A `CaseResult` in the shape of the suite's JSON report, plus the zoo's word for its kind."""
     record = result.record()
@@ -78,34 +72,26 @@ def _zoo_record(result) -> dict:
     return record | {"kind": kind}
 
 
-def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, timeout_scale: float,
+def run_cases(specs: list[str], selection: Selection, *, workers: int, timeout_scale: float,
               progress=None) -> list[dict]:
-    """Every (adapter, scenario) case; skips and controls' expected failures resolved here."""
+    """Every planned (adapter, scenario) case of `selection`, through the same plan and pipeline as
+    `gradparity run`; a control that cannot load is an `error` on each of its cases."""
     results: list[dict] = []
     todo: queue.Queue = queue.Queue()
+    loadable = []
     for spec in specs:
         try:
-            adapter = registry.load(spec)
+            registry.load(spec)
+            loadable.append(spec)
         except Exception as exc:  # noqa: BLE001 - an unavailable control is a finding, not a crash
-            for s in scenarios:
-                why = Classified(FailureClass.INFRASTRUCTURE, f"cannot load {spec}: {exc}")
+            why = Classified(FailureClass.INFRASTRUCTURE, f"cannot load {spec}: {exc}")
+            for s in catalogue.select(area=selection.areas[0], profile=selection.profile):
                 results.append(_zoo_record(CaseResult(Case(s, spec), "error", why.cause, why)) | {"kind": "unavailable"})
-            continue
-        xfails = _expected_failures(adapter.name)
-        unavailable = getattr(adapter, "unavailable", lambda s: None)
-        for s in scenarios:
-            missing = missing_capabilities(adapter, s.requires)
-            why = None
-            if missing:
-                why = f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}"
-            elif adapter.area != s.area:
-                why = "other area"
-            else:
-                why = unavailable(s)
-            if why:
-                results.append(_zoo_record(run_case(Case(s, spec, skip=why), None)))
-            else:
-                todo.put((spec, s, xfails.get(case_id(spec, s)) or xfails.get(s.id)))
+    for case in plan_cases(replace(selection, adapters=tuple(loadable))):
+        if case.skip:
+            results.append(_zoo_record(run_case(case, None)))
+        else:
+            todo.put(case)
     total, lock = todo.qsize(), threading.Lock()
 
     def worker():
@@ -113,10 +99,10 @@ def run_cases(specs: list[str], scenarios: list[Scenario], *, workers: int, time
         try:
             while True:
                 try:
-                    spec, s, xfail = todo.get_nowait()
+                    case = todo.get_nowait()
                 except queue.Empty:
                     return
-                r = _zoo_record(run_case(Case(s, spec, xfail=xfail), executor))
+                r = _zoo_record(run_case(case, executor))
                 with lock:
                     results.append(r)
                     if progress:
@@ -323,6 +309,7 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
     if area_zoo.base not in controls:
         controls.append(area_zoo.base)  # the base is what "caught" is judged against
     specs = controls + [m.spec for m in chosen.values()]
+    selection = Selection(adapters=tuple(specs), profile=profile, areas=(area,))
     scenarios = catalogue.select(area=area, profile=profile)
     t0 = time.perf_counter()
 
@@ -333,7 +320,7 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
         console.print(f"[{done:>3}/{total}] {mark} {who} | {_short(r['scenario'])} {r['kind']}{fired} "
                       f"({r['duration_s']:.1f}s)", highlight=False)
 
-    results = run_cases(specs, scenarios, workers=workers, timeout_scale=timeout_scale, progress=progress)
+    results = run_cases(specs, selection, workers=workers, timeout_scale=timeout_scale, progress=progress)
     doc = judge(results, chosen, controls, base=area_zoo.base)
     escaped = [row["mutant"] for row in doc["table"] if not row["caught_by"]]
     bad_controls = [spec for spec, c in doc["controls"].items() if c["failed"]]

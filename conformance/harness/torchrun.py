@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     cases: list[Case] = box[0]
 
     results: list[CaseResult] = []
+    if rank == 0:
+        _on_sigterm(args, selection, results, cases, plan.unmatched)
     for index, case in enumerate(cases):
         runs_here = not case.skip and not case.area.in_process
         if rank != 0:
@@ -170,6 +173,23 @@ def main(argv: list[str] | None = None) -> int:
             rpc.shutdown()  # collective: every rank ran the same RPC cases
         dist.destroy_process_group()
     return code
+
+
+def _on_sigterm(args, selection, results: list[CaseResult], cases: list[Case], unmatched: list[str]) -> None:
+    """The torchrun agent stops every rank once one has exited (e.g. an expected crash): rank 0
+    then still says what happened — the report with every case, and the summary — before it goes."""
+    def stop(signum, frame):  # noqa: ARG001
+        from conformance.report.terminal import print_run_summary
+
+        why = "the torchrun agent stopped rank 0 (SIGTERM) after another rank exited; see the agent's log"
+        written = _write(args, selection, results, cases[len(results):], why)
+        print(f"gradparity torchrun: {why}", flush=True)
+        print_run_summary([r.record() for r in results] + [never_ran(c, why).record() for c in cases[len(results):]],
+                          written, unmatched)
+        sys.stdout.flush()
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _progress(index: int, total: int, result: CaseResult) -> None:
