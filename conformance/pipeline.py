@@ -78,11 +78,11 @@ class CaseResult:
         return self.case.adapter_spec
 
     def record(self) -> dict:
-        record = case_record(self.adapter_spec, self.scenario, verdict=self.verdict, message=self.message,
-                             duration_s=self.duration_s, checked=self.checked, failure=self.failure)
-        record["details"] = self.details
         expected = self.case.xfail if self.verdict in ("xfailed", "xpassed") else None
-        record.update(records=self.records, fired=self.fired, xfail_reason=expected or "")
+        record = case_record(self.adapter_spec, self.scenario, verdict=self.verdict, message=self.message,
+                             duration_s=self.duration_s, checked=self.checked, failure=self.failure,
+                             xfail_reason=expected or "")
+        record.update(details=self.details, records=self.records, fired=self.fired)
         return record
 
 

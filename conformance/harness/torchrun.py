@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         # Rank areas need scenarios of this world's size; single-process areas run on rank 0.
         cases = _order([c for c in plan.cases if c.area.in_process or c.scenario.world_size == world])
         box[0] = cases
+        from conformance.report import start_run
+
+        start_run(args.report_dir)  # one run per directory: the last one's files go now
         print(f"gradparity torchrun: world {world} ({backend}/{device}), {len(cases)} cases "
               f"({sum(bool(c.skip) for c in cases)} skipped)", flush=True)
         for line in plan.unmatched:
@@ -164,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         from conformance.report.terminal import print_run_summary
 
         written = _write(args, selection, results, [], world_run.broken)
-        print_run_summary([r.record() for r in results], written, plan.unmatched)
-        code = 1 if not results or any(r.verdict in ("failed", "error", "xpassed") for r in results) else 0
+        records = [r.record() for r in results]
+        print_run_summary(records, written, plan.unmatched, stopped=world_run.broken)
+        code = _exit_status(records)
     if not world_run.broken:
         if ctx.scratch.get("rpc"):
             from torch.distributed import rpc
@@ -185,11 +189,23 @@ def _on_sigterm(args, selection, results: list[CaseResult], cases: list[Case], u
         written = _write(args, selection, results, cases[len(results):], why)
         print(f"gradparity torchrun: {why}", flush=True)
         print_run_summary([r.record() for r in results] + [never_ran(c, why).record() for c in cases[len(results):]],
-                          written, unmatched)
+                          written, unmatched, stopped=why)
         sys.stdout.flush()
         os._exit(1)
 
     signal.signal(signal.SIGTERM, stop)
+
+
+def _exit_status(records: list[dict]) -> int:
+    """`gradparity run`'s: 0 conformant, 1 a failure, 3 only infrastructure errors."""
+    from conformance.failure import EXIT_INFRASTRUCTURE_ONLY, only_infrastructure_errors
+
+    if not records or any(r["verdict"] in ("failed", "xpassed") for r in records):
+        return 1
+    errors = [r for r in records if r["verdict"] == "error"]
+    if errors and only_infrastructure_errors({"summary": {}, "results": records}):
+        return EXIT_INFRASTRUCTURE_ONLY
+    return 1 if errors else 0
 
 
 def _progress(index: int, total: int, result: CaseResult) -> None:

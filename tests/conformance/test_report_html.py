@@ -125,9 +125,10 @@ def test_a_case_whose_worker_died_reaches_the_results_through_the_plugin():
     """xdist reports a crashed worker's case with no gradparity record: the session records it."""
     from types import SimpleNamespace
 
+    from conformance.plan import Selection
     from conformance.plugin import Session
 
-    session = Session(config=None, adapters=["torch-ddp"])
+    session = Session(config=None, selection=Selection(adapters=("torch-ddp",)))
     nodeid = "conformance/suite/test_ddp.py::test_ddp[torch-ddp|ddp/plain/mlp/w2/fp32]"
     session.pytest_runtest_logreport(SimpleNamespace(user_properties=[], failed=True, nodeid=nodeid,
                                                      longrepr="worker 'gw1' crashed while running it"))
