@@ -1,4 +1,4 @@
-"""The `data_parallel` area's driver: single-process, so `check` runs in the coordinator.
+"""The `data_parallel` area: single-process, so its task (`run`) runs in the coordinator and compares as it goes.
 
 For every step: the implementation's `data_parallel(model, inputs, devices, devices[0], dim)`
 forward and a backward through its output, against a plain forward/backward of an identical

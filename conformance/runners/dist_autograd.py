@@ -10,7 +10,7 @@ unnamed). After the context exits it polls every worker's debug info until no co
 backward pass is left (cleanup may be asynchronous). Nothing is judged on the ranks; any
 exception is recorded, so the pool stays healthy.
 
-Coordinator side (`check`): the oracle is plain local autograd over the same composition
+Coordinator side (`judge`, worker 0's record): the oracle is plain local autograd over the same composition
 (`mode="local"`: every call a Python call, one process), `torch.autograd.grad` from the roots;
 after the k-th of k retained passes it is k times that. The record is compared pass by pass.
 The `remote-error` scenario instead requires the backward to raise on the caller with
