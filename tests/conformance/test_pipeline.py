@@ -1,0 +1,119 @@
+"""The case pipeline (conformance/pipeline.py): every way a case can end becomes one verdict,
+one failure class and a one-line cause — and never a pass unless every rank answered and the
+judge found nothing. Driven with a fake area and executor (no process is started)."""
+
+import pytest
+
+from conformance import pipeline
+from conformance.area import Area
+from conformance.compare import ConformanceError
+from conformance.contract import Checked
+from conformance.harness.pool import RankFailure, TaskOutcome
+from conformance.pipeline import Case, CaseResult, run_case
+from conformance.spec import Scenario
+
+SCENARIO = Scenario(id="ddp/fake/mlp/w2/fp32", area="ddp", model="mlp")
+
+
+class FakeExecutor:
+    def __init__(self, outcome: TaskOutcome):
+        self.outcome, self.calls = outcome, []
+
+    def run(self, area, scenario, adapter_spec):
+        self.calls.append((area.name, scenario.id, adapter_spec))
+        return self.outcome
+
+    def where(self, area, scenario):
+        return "fake world"
+
+
+def _ok(**values) -> TaskOutcome:
+    return TaskOutcome("fake", values={0: {"seconds": 0.1, **values}, 1: {"seconds": 0.2, **values}})
+
+
+@pytest.fixture
+def judged(monkeypatch):
+    """Install a fake `ddp` area whose judge does what the test says."""
+    def install(judge):
+        area = Area("ddp", "fake", lambda: [], lambda payload, ctx: None, judge, lambda: None)
+        monkeypatch.setattr(pipeline, "get_area", lambda name: area)
+        return area
+    return install
+
+
+def test_a_pass_needs_every_rank_and_the_judge(judged):
+    judged(lambda s, spec, records: Checked(len(records), details={"judged": True}))
+    result = run_case(Case(SCENARIO, "torch-ddp"), FakeExecutor(_ok(backward_stats={"mutation_fired": 2})))
+    assert result.verdict == "passed" and result.failure is None and result.checked.comparisons == 2
+    assert result.records == 2 and result.fired == 4
+    assert result.details["judged"] and result.details["rank_seconds"] == {0: 0.1, 1: 0.2}
+    record = result.record()
+    assert record["case"] == "torch-ddp|ddp/fake/mlp/w2/fp32" and record["verdict"] == "passed"
+
+
+def test_a_dead_rank_is_a_crash_never_a_pass(judged):
+    judged(lambda s, spec, records: pytest.fail("the judge must not run on a broken outcome"))
+    outcome = _ok()
+    outcome.failures[1] = RankFailure(1, "died", "process exited with signal SIGABRT")
+    result = run_case(Case(SCENARIO, "torch-ddp"), FakeExecutor(outcome))
+    assert result.verdict == "failed" and result.failure.failure_class.value == "crashed"
+    assert result.failure.cause == "rank 1: process exited with signal SIGABRT"
+    assert "(on fake world)" in result.message and "repro: gradparity run" in result.message
+
+
+def test_a_wrong_value_and_a_harness_bug_are_told_apart(judged):
+    def wrong(s, spec, records):
+        raise ConformanceError("[ddp/fake/mlp/w2/fp32] adapter torch-ddp: rank 0: gradients differ")
+
+    judged(wrong)
+    result = run_case(Case(SCENARIO, "torch-ddp"), FakeExecutor(_ok()))
+    assert (result.verdict, result.failure.failure_class.value) == ("failed", "wrong value")
+    judged(lambda s, spec, records: {}["missing"])
+    result = run_case(Case(SCENARIO, "torch-ddp"), FakeExecutor(_ok()))
+    assert (result.verdict, result.failure.failure_class.value) == ("error", "infrastructure")
+    assert result.failure.cause.startswith("the harness raised KeyError")
+
+
+def test_an_expected_failure_keeps_the_error_it_showed(judged):
+    def wrong(s, spec, records):
+        raise ConformanceError("[ddp/fake/mlp/w2/fp32] adapter torch-ddp: rank 0: gradients differ")
+
+    judged(wrong)
+    result = run_case(Case(SCENARIO, "torch-ddp", xfail="upstream#1"), FakeExecutor(_ok()))
+    assert result.verdict == "xfailed" and "gradients differ" in result.message
+    assert result.record()["xfail_reason"] == "upstream#1"
+    judged(lambda s, spec, records: Checked(1))
+    result = run_case(Case(SCENARIO, "torch-ddp", xfail="upstream#1"), FakeExecutor(_ok()))
+    assert result.verdict == "xpassed" and "upstream#1" in result.message  # strict: the list must stay true
+
+
+def test_an_infrastructure_error_is_never_an_expected_failure(judged):
+    judged(lambda s, spec, records: Checked(1))
+    outcome = TaskOutcome("fake")
+    outcome.failures[0] = RankFailure(0, "infrastructure", "could not start ranks")
+    result = run_case(Case(SCENARIO, "torch-ddp", xfail="upstream#1"), FakeExecutor(outcome))
+    assert result.verdict == "error" and result.failure.failure_class.value == "infrastructure"
+
+
+def test_a_skipped_case_runs_nothing(judged):
+    judged(lambda s, spec, records: pytest.fail("must not judge"))
+    executor = FakeExecutor(_ok())
+    result = run_case(Case(SCENARIO, "torch-ddp", skip="lacks capability: no_sync"), executor)
+    assert isinstance(result, CaseResult) and result.verdict == "skipped" and not executor.calls
+    assert result.record()["message"] == "lacks capability: no_sync"
+
+
+def test_an_in_process_area_runs_here_and_its_errors_keep_their_class(monkeypatch):
+    from conformance.failure import ImplementationRaised
+
+    def task(payload, ctx):
+        assert ctx is None
+        raise ImplementationRaised("[x] adapter a: step 0: ValueError: boom", ValueError("boom"))
+
+    area = Area("data_parallel", "fake", lambda: [], task, lambda s, spec, records: records[0], lambda: None,
+                in_process=True)
+    monkeypatch.setattr(pipeline, "get_area", lambda name: area)
+    executor = FakeExecutor(_ok())
+    result = run_case(Case(SCENARIO, "torch-ddp"), executor)
+    assert not executor.calls and result.failure.failure_class.value == "raised"
+    assert result.failure.cause == "ValueError: boom"
