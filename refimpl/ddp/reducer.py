@@ -26,18 +26,6 @@ so a parameter that never gets a gradient is only reported at the *next* forward
 optimizer step on unsynchronised gradients (pytorch/pytorch#128949). Queuing at the first
 hook lets us raise at the end of the very backward that went wrong.
 
-[Note: the used map] ``_used`` records which parameters got a gradient on this rank since
-the last synced backward, *including* ``no_sync`` micro-batches (pytorch/pytorch#69031). It
-is all-reduced with find_unused_parameters so a parameter no rank used keeps its ``.grad``
-untouched (``None`` stays ``None``), while one used by some ranks gets the average with zero
-contributions from the others.
-
-[Note: a rank that uses no parameter] With find_unused_parameters, a rank whose forward
-reaches no parameter at all gets no gradient hook in its backward, so nothing would ever
-launch its buckets and the other ranks would wait forever or mismatch collectives
-(pytorch/pytorch#40566). The graph walk tells us this at the end of forward, so the reducer
-contributes zeros for every bucket right there, in bucket order, and finalizes.
-
 [Note: finalize on the outer backward] The finalize callback is queued on the graph task
 that is running when it is queued. A reentrant backward (``torch.utils.checkpoint`` with
 ``use_reentrant=True``) runs each checkpointed segment's backward as a graph task of its
@@ -139,7 +127,7 @@ class Reducer:
         self._hook_state = None
 
         self._state = _IDLE
-        self._used = [0] * n  # see [Note: the used map]
+        self._used = [0] * n  # see [Note: the used map] in unused_params.py
         self._ready = [False] * n
         self._ready_ns = [-1] * n
         self._base_ns = _now()
@@ -268,7 +256,7 @@ class Reducer:
             self._mark_ready(i)
 
     def _reduce_without_backward(self) -> None:
-        """See [Note: a rank that uses no parameter]."""
+        """See [Note: a rank that uses no parameter] in unused_params.py."""
         self._state = _BACKWARD
         for i in self._unused_at_start:
             self._mark_ready(i)

@@ -6,6 +6,19 @@ walk of the autograd graph from the outputs (``grad_fn`` -> ``next_functions``) 
 ``AccumulateGrad`` nodes, whose ``variable`` is the parameter.
 
 The messages live here so each says what went wrong *and* what to pass instead.
+
+[Note: the used map] The reducer's used map (``Reducer._used``) records which parameters
+got a gradient on this rank since the last synced backward, *including* ``no_sync``
+micro-batches (pytorch/pytorch#69031). It
+is all-reduced with find_unused_parameters so a parameter no rank used keeps its ``.grad``
+untouched (``None`` stays ``None``), while one used by some ranks gets the average with zero
+contributions from the others.
+
+[Note: a rank that uses no parameter] With find_unused_parameters, a rank whose forward
+reaches no parameter at all gets no gradient hook in its backward, so nothing would ever
+launch its buckets and the other ranks would wait forever or mismatch collectives
+(pytorch/pytorch#40566). The graph walk tells us this at the end of forward, so the reducer
+contributes zeros for every bucket right there, in bucket order, and finalizes.
 """
 
 from __future__ import annotations

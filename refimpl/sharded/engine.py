@@ -60,8 +60,9 @@ from .. import _torch_compat as compat
 from ..broadcast import broadcast_from_rank0
 from ..ddp.unused_params import reaches_any
 from .bucketer import ReduceScatterBucketer
+from .optimizer import ShardedOptimizer
 
-__all__ = ["ReduceState", "ShardedDataParallel", "ShardedOptimizer"]
+__all__ = ["ReduceState", "ShardedDataParallel"]
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -337,42 +338,3 @@ class ShardedDataParallel(nn.Module):
     def full_parameters(self) -> dict[str, Tensor]:
         """Full parameters by name (copies). Every rank holds them already; no communication."""
         return {n: p.detach().clone() for n, p in self.module.named_parameters()}
-
-
-class ShardedOptimizer:
-    """Wrap ``optimizer_class`` over this rank's shard; ``step()`` then all-gathers parameters.
-
-    Only the chunks owned by this rank are stepped, so optimizer state (Adam's moments …)
-    takes 1/W of the memory. ``state_dict()`` is this rank's shard of the state.
-    """
-
-    def __init__(self, model: ShardedDataParallel,
-                 optimizer_class: Callable[..., torch.optim.Optimizer], **kwargs) -> None:
-        self.model = model
-        self.optimizer = optimizer_class(model.sharded_parameters(), **kwargs)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def step(self, closure=None):
-        self.model._assert_idle("optimizer.step()")
-        loss = self.optimizer.step(closure)
-        self.model.gather_parameters()
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the sharded gradients and any local ``no_sync()`` accumulation."""
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-        for p in self.model.module.parameters():
-            p.grad = None
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict) -> None:
-        self.optimizer.load_state_dict(state_dict)

@@ -1,0 +1,58 @@
+"""ShardedOptimizer: steps this rank's shards, then all-gathers the full parameters.
+
+Built by ``ShardedDataParallel.make_optimizer``: any ``torch.optim`` optimizer (or a factory
+with the same signature) over ``sharded_parameters()``, so the optimizer state takes 1/W of
+the memory; ``step()`` then all-gathers every rank's chunks so all ranks hold the updated
+full parameters before the next forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .engine import ShardedDataParallel
+
+__all__ = ["ShardedOptimizer"]
+
+
+class ShardedOptimizer:
+    """Wrap ``optimizer_class`` over this rank's shard; ``step()`` then all-gathers parameters.
+
+    Only the chunks owned by this rank are stepped, so optimizer state (Adam's moments …)
+    takes 1/W of the memory. ``state_dict()`` is this rank's shard of the state.
+    """
+
+    def __init__(self, model: ShardedDataParallel,
+                 optimizer_class: Callable[..., torch.optim.Optimizer], **kwargs) -> None:
+        self.model = model
+        self.optimizer = optimizer_class(model.sharded_parameters(), **kwargs)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def step(self, closure=None):
+        self.model._assert_idle("optimizer.step()")
+        loss = self.optimizer.step(closure)
+        self.model.gather_parameters()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the sharded gradients and any local ``no_sync()`` accumulation."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        for p in self.model.module.parameters():
+            p.grad = None
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
