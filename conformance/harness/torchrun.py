@@ -90,6 +90,15 @@ class TorchrunWorld:
         outcome.seconds = time.perf_counter() - start
         return outcome if self.ctx.rank == 0 else None
 
+    def sync(self) -> None:
+        """Meet the other ranks after a case only rank 0 runs (single-process areas): no rank
+        then waits longer than one case, so the group's timeout stays a bound on one case."""
+        try:
+            dist.gather_object(None, [None] * self.ctx.world_size if self.ctx.rank == 0 else None, dst=0,
+                               group=self.control)
+        except Exception as exc:  # noqa: BLE001 - a rank died meanwhile
+            self.broken = f"the torchrun world broke while rank 0 ran a single-process case: {str(exc).splitlines()[0][:200]}"
+
     def where(self, area, scenario) -> str:  # noqa: ARG002 - one world for every case
         return f"torchrun world {self.ctx.world_size} ({self.ctx.backend})"
 
@@ -148,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         _on_sigterm(args, selection, results, cases, plan.unmatched)
     for index, case in enumerate(cases):
-        runs_here = not case.skip and not case.area.in_process
         if rank != 0:
-            if runs_here:
+            if not case.skip and not case.area.in_process:
                 world_run.run(case.area, case.scenario, case.adapter_spec)
+            elif not case.skip:
+                world_run.sync()  # wait for rank 0's single-process case, one case at a time
             if world_run.broken:
                 break
             continue
@@ -159,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             result = never_ran(case, world_run.broken)
         else:
             result = run_case(case, world_run)
+            if not case.skip and case.area.in_process:
+                world_run.sync()
         results.append(result)
         _progress(index, len(cases), result)
         _write(args, selection, results, cases[index + 1:], world_run.broken)
