@@ -6,11 +6,12 @@ area's correct base, `conformance.mutants.<area>:correct`) and against every mut
 of the area's zoo (`conformance.mutants.area_zoo`), then builds the detection table
 (mutant -> the scenarios that catch it) and the clause x mutant table.
 
-Cases run through each area's own `check` (the same warm rank pools, rank task and judge as
-`gradparity run`); the zoo dispatches them itself (not through pytest) because it needs each
-case's outcome kind (wrong values, raised, hang, crash) and every rank's `mutation_fired`
-count, which it reads from the ranks' records (DDP/sharded: `backward_stats()`; bucketer:
-the record; data_parallel, single-process: the adapter).
+Cases are planned and run exactly as `gradparity run` plans and runs them
+(`conformance.plan.plan_cases`, `conformance.pipeline.run_case` on warm rank pools); the zoo
+drives them itself (not through pytest) because it reads more of each `CaseResult`: the failure
+class (its "kind": wrong values, raised, hang, crash) and `fired`, the ranks' summed
+`mutation_fired` counts (DDP/sharded: `backward_stats()`; bucketer: the record;
+data_parallel, single-process: the adapter).
 
 When does a scenario *catch* a mutant? All of:
   1. the case failed: wrong values (`ConformanceError`), or a rank raised, died or hung;
