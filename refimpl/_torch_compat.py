@@ -23,6 +23,7 @@ __all__ = [
     "MODULE_PARAMETERS",
     "composable_fully_shard",
     "composable_replicate",
+    "ddp_mixed_precision",
     "dist_autograd_debug_info",
     "foreach_copy_",
     "fsdp2_unsharded_grads",
@@ -69,6 +70,17 @@ MODULE_CHILDREN = "_modules"
 
 
 # -- distributed ------------------------------------------------------------------------------
+def ddp_mixed_precision(reduce_dtype: torch.dtype):
+    """torch DDP's ``mixed_precision=`` argument reducing gradients in ``reduce_dtype``.
+
+    ``torch.nn.parallel.distributed._MixedPrecision`` is the only way to ask torch's DDP (and
+    refimpl's, which takes the same object) for low-precision gradient communication.
+    """
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+    return _MixedPrecision(reduce_dtype=reduce_dtype)
+
+
 def dist_autograd_debug_info() -> dict[str, str]:
     """torch.distributed.autograd's per-worker counters (contexts, backward passes).
 

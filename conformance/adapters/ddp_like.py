@@ -157,11 +157,10 @@ class DDPLikeAdapter:
         if options.static_graph:
             kwargs["static_graph"] = True
         if options.reduce_dtype:
-            from torch.nn.parallel.distributed import _MixedPrecision
-
             from conformance.models.data import DTYPES
+            from refimpl._torch_compat import ddp_mixed_precision
 
-            kwargs["mixed_precision"] = _MixedPrecision(reduce_dtype=DTYPES[options.reduce_dtype])
+            kwargs["mixed_precision"] = ddp_mixed_precision(DTYPES[options.reduce_dtype])
         ddp = self.cls(module, **kwargs)
         if options.comm_hook:
             hooks = self._comm_hooks()

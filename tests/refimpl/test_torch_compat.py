@@ -76,6 +76,14 @@ def test_module_slot_names_are_the_live_registries():
     assert dict(inner.named_buffers())["extra"] is extra
 
 
+def test_ddp_mixed_precision_carries_only_the_reduce_dtype():
+    mp = compat.ddp_mixed_precision(torch.bfloat16)
+    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (None, torch.bfloat16, None)
+    from refimpl.ddp.mixed_precision import reduce_precision_hook
+
+    assert reduce_precision_hook(mp, [torch.zeros(1)]) is not None  # refimpl reads the same object
+
+
 def test_dist_autograd_debug_info_exists_and_needs_an_initialized_rpc():
     import torch.distributed.autograd as dist_autograd
 
@@ -121,6 +129,7 @@ def test_fsdp_flat_param_and_unflat_views(world1):
 _PRIVATE = re.compile(
     r"\b(torch|dist|da|dist_autograd|rpc|fsdp|FSDP)\s*\.\s*_[A-Za-z]\w*"
     r"|\btorch(\s*\.\s*\w+)*\s*\.\s*_[a-z]\w*"
+    r"|\bfrom\s+torch(\s*\.\s*\w+)*\s+import\s+[^\n]*?\b_[A-Za-z]\w*"
     # private members of torch objects that any variable name may hold (not self's own):
     r"|(?<!\bself )(?<!\bcls )\.\s*(_execution_engine|_foreach_\w+|_get_fsdp_state|_fsdp_param_group|_handle|_get_unflat_views|_fqns"
     r"|_values|_indices|_parameters|_buffers|_modules|_get_debug_info|_get_ddp_logging_data|_MixedPrecision"
@@ -159,6 +168,10 @@ def test_no_torch_private_outside_the_compat_module():
 
 def test_the_private_pattern_catches_what_it_must():
     for code in ("torch.autograd.Variable._execution_engine.queue_callback(f)", "torch._foreach_copy_(a, b)",
-                 "dist._x()", "m._parameters.values()", "g._values()", "s = m._get_fsdp_state()"):
+                 "dist._x()", "m._parameters.values()", "g._values()", "s = m._get_fsdp_state()",
+                 "from torch.autograd.graph import GradientEdge, _engine_run_backward",
+                 "from torch.nn.parallel.distributed import _MixedPrecision"):
         assert _PRIVATE.search(code), code
-    assert not _PRIVATE.search("torch.autograd.grad(x); dist.all_reduce(t); self._state; ddp._check_joinable()")
+    for code in ("torch.autograd.grad(x); dist.all_reduce(t); self._state; ddp._check_joinable()",
+                 "from torch.autograd.graph import GradientEdge\nx = _local_name"):
+        assert not _PRIVATE.search(code), code
