@@ -203,7 +203,7 @@ world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 
 def write_html(path: str, report: dict) -> str:
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
+    with open(tmp, "w", encoding="utf-8") as fh:  # the page says charset utf-8 and holds ✓ ◆ µs
         fh.write(render(report))
     os.replace(tmp, path)
     return path

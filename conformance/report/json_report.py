@@ -45,9 +45,10 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
     counts = Counter(r["verdict"] for r in results)
     classes = Counter(r.get("failure_class") for r in results if r["verdict"] in ("failed", "error", "xfailed"))
     backends = sorted({"gloo" if d == "cpu" else ("nccl" if torch.cuda.device_count() > 1 else "gloo") for d in devices})
-    profile = profile or option("profile", "quick")
     info = dict(run_info) if run_info is not None else provenance.collect(adapters=adapters)
-    info["profile"] = info.get("profile") or profile
+    # One profile for the whole document: the caller's, else the front end's run_info, else pytest's option.
+    profile = profile or info.get("profile") or option("profile", "quick")
+    info["profile"] = profile
     info["backend"] = info.get("backend") or ", ".join(backends)
     info["device"] = info.get("device") or ", ".join(devices)
     info.setdefault("adapters", list(adapters))
@@ -83,7 +84,7 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
 
 def write_json(path: str, report: dict) -> str:
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
+    with open(tmp, "w", encoding="utf-8") as fh:  # the report holds non-ASCII (◆, µs): never the locale's codec
         json.dump(report, fh, indent=2, default=str)
     os.replace(tmp, path)  # a reader never sees half a report
     return path

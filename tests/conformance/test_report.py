@@ -156,3 +156,32 @@ def test_junit_survives_control_characters_from_rank_logs(tmp_path):
                          failure=Classified(FailureClass.CRASHED, "rank 1: signal SIGSEGV"))
     path = write_junit(str(tmp_path / "junit.xml"), [record], {"adapters": ["torch-ddp"]})
     assert "\\x1b[31mred\\x00" in ET.parse(path).getroot().find("testsuite/testcase/failure").text
+
+
+def test_one_profile_for_the_whole_document_whoever_names_it(tmp_path):
+    from conformance.report.json_report import build_report
+
+    info = provenance.collect(profile="standard", adapters=ADAPTERS)
+    # a front end that passes its run_info (with the profile) but no `profile=`: not the default "quick"
+    report = build_report(_records(), adapters=ADAPTERS, run_info=info)
+    assert report["run"]["profile"] == report["run_info"]["profile"] == "standard"
+    # the explicit argument wins, and run_info says the same
+    report = build_report(_records(), adapters=ADAPTERS, profile="full", run_info=info)
+    assert report["run"]["profile"] == report["run_info"]["profile"] == "full"
+
+
+def test_reports_are_utf8_whatever_the_locale(tmp_path):
+    """The HTML says charset utf-8 and holds ✓ ◆ µs: an ASCII locale must not fail the write."""
+    env = dict(os.environ, PYTHONUTF8="0", PYTHONCOERCECLOCALE="0", LC_ALL="C", LANG="C")
+    script = (
+        "import sys, locale; from tests.conformance.test_report import _records, ADAPTERS;"
+        "from conformance.report import write_reports;"
+        "print(locale.getpreferredencoding(False));"
+        "write_reports(sys.argv[1], _records(), adapters=ADAPTERS, profile='quick')"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, cwd=root, capture_output=True,
+                          text=True, encoding="utf-8", errors="replace", check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "✓" in (tmp_path / "gradparity.html").read_text(encoding="utf-8")
+    json.loads((tmp_path / "gradparity.json").read_text(encoding="utf-8"))
