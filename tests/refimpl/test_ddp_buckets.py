@@ -16,7 +16,6 @@ from torch import nn
 
 from refimpl.ddp.buckets import FUSE_MIN_NUMEL, Bucket
 from refimpl.ddp.plan import ParamInfo, plan_buckets
-from refimpl.ddp.static_graph import StaticGraph
 
 
 @pytest.fixture(scope="module")
@@ -91,16 +90,3 @@ def test_a_parameter_no_rank_used_keeps_its_grad(world1):
     _reduce(bucket, world1, scale=0.5, used=[1, 0] if bucket.plan.param_indices == (0, 1) else [0, 1])
     assert unused.grad is None
     assert torch.equal(bucket.params[0].grad, grads[0] * 0.5)
-
-
-def test_static_graph_learns_counts_then_checks_them():
-    graph = StaticGraph(3)
-    assert graph.learning and graph.begin() == []
-    assert graph.count(0, "a") is True and graph.count(0, "a") is False  # learning: first arrival
-    assert graph.count(1, "b") is True
-    assert graph.learn() == [2]  # got no gradient
-    assert not graph.learning and graph.expected == [2, 1, 0]
-    assert graph.begin() == [2]  # unused from the start
-    assert graph.count(0, "a") is False and graph.count(0, "a") is True  # ready at the learnt count
-    with pytest.raises(RuntimeError, match="'a' received 3 gradients"):
-        graph.count(0, "a")
