@@ -3,7 +3,8 @@
     python benchmarks/dist_autograd_latency.py            # full run
     python benchmarks/dist_autograd_latency.py --quick    # smoke run (seconds)
 
-Four RPC workers (TensorPipe on 127.0.0.1, one intra-op thread each). Both engines run in the
+Four RPC workers (TensorPipe pinned to the loopback interface, rendezvous through a ``file://``
+store in a private temp dir, one intra-op thread each). Both engines run in the
 same processes, in the same run, interleaved iteration by iteration (or block by block) so that
 machine noise hits both alike. Only the backward call is timed (forward untimed, then
 ``backward(context_id, [loss])``) except in ``ps-train-step``; each iteration opens a fresh
@@ -39,8 +40,9 @@ import argparse
 import json
 import os
 import platform
-import socket
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -245,22 +247,34 @@ def _driver(args, world_size):
     return out
 
 
-def _worker(rank, world_size, port, args, queue):
+def init_worker(rank: int, world_size: int, store_path: str) -> None:
+    """Join the benchmark's RPC world: loopback only, file rendezvous, one intra-op thread."""
+    from conformance.harness.network import pin_to_loopback
+
+    pin_to_loopback()  # before TensorPipe creates a transport
     torch.set_num_threads(1)
     from torch.distributed import rpc
 
     options = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store_path}",
         rpc_timeout=60,
         num_worker_threads=8,
         _transports=["uv"],
     )
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, rpc_backend_options=options)
+
+
+def _worker(rank, world_size, store_path, args, queue):
+    from torch.distributed import rpc
+
+    init_worker(rank, world_size, store_path)
     try:
         if rank == 0:
             queue.put(_driver(args, world_size))
     finally:
-        rpc.shutdown(graceful=True, timeout=120)
+        # No timeout: the other workers wait here while worker0 measures (minutes), and a
+        # timed-out all-gather would print tracebacks; the parent bounds the run instead.
+        rpc.shutdown(graceful=True)
 
 
 def main(argv=None) -> dict:
@@ -275,24 +289,25 @@ def main(argv=None) -> dict:
     args.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 10)
     args.repeats = args.repeats if args.repeats is not None else (12 if args.quick else 100)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="dist-autograd-bench-")  # 0700: private
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(r, WORLD_SIZE, port, args, queue))
+        ctx.Process(
+            target=_worker, args=(r, WORLD_SIZE, os.path.join(tmp, "rendezvous"), args, queue)
+        )
         for r in range(WORLD_SIZE)
     ]
     for p in procs:
         p.start()
     try:
-        raw = queue.get(timeout=600)
+        raw = queue.get(timeout=1800)
     finally:
         for p in procs:
             p.join(120)
             if p.is_alive():
                 p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     rows = []
     for pattern, by_engine in raw.items():

@@ -23,9 +23,11 @@ and the futures' callbacks.
 from __future__ import annotations
 
 import argparse
-import socket
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -117,14 +119,10 @@ def _driver(repeats: int) -> None:
         print(f"{stage:<22}{total / repeats * ms:>14.3f}{calls / repeats:>18.1f}")
 
 
-def _worker(rank, port, repeats):
-    torch.set_num_threads(1)
+def _worker(rank, store_path, repeats):
     from torch.distributed import rpc
 
-    options = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://127.0.0.1:{port}", num_worker_threads=8, _transports=["uv"]
-    )
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=3, rpc_backend_options=options)
+    lat.init_worker(rank, 3, store_path)
     try:
         if rank == 0:
             _driver(repeats)
@@ -136,10 +134,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, args.repeats), nprocs=3)
+    tmp = tempfile.mkdtemp(prefix="dist-autograd-profile-")  # 0700: private
+    try:
+        mp.spawn(_worker, args=(os.path.join(tmp, "rendezvous"), args.repeats), nprocs=3)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

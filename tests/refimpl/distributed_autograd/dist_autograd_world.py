@@ -2,42 +2,56 @@
 
 Spawning a world costs seconds (import torch in every process + rendezvous), so the slow tests
 share one world of ``WORLD_SIZE`` workers (a session fixture in ``conftest.py``). Every worker
-joins RPC over TensorPipe on 127.0.0.1 and runs ``torch.set_num_threads(1)``; worker 0 takes
-check functions (picklable by reference) from a queue, runs ``check(world_size)`` and answers
-with ``ok`` or the traceback; the others serve RPCs. Every wait has a timeout: a check that
-does not answer in time kills the world, fails that test, and the next test gets a fresh world.
+pins TensorPipe to the loopback interface and rendezvouses through a ``file://`` store in a
+private temp dir (no TCPStore listening on every interface, no port to race for: see
+conformance/harness/network.py [Note: loopback]) and runs ``torch.set_num_threads(1)``;
+worker 0 takes check functions (picklable by reference) from a queue, runs
+``check(world_size)`` and answers with ``ok`` or the traceback; the others serve RPCs.
+
+Waits are load-robust: a check's timeout is a budget judged by the pool's ``Watchdog`` (a
+world that uses no CPU past its budget, or a dead worker, is hung; a slow one is not). A hung
+check kills the world and fails that test; the next test gets a fresh world.
+
+[Note: quiet shutdown]
+``rpc.shutdown(graceful=True)`` is an all-gather over RPC led by worker 0. If the followers
+enter it while worker 0 is still running checks, they give up waiting after the shutdown
+timeout, shut down, and worker 0's broadcast later fails with a "Followers [...] timed out in
+_all_gather" traceback in a passing run. So the followers wait for a stop event that is set
+only once worker 0 has left its check loop; then all workers enter the graceful shutdown
+together, with no timeout of its own (the parent's Watchdog bounds it).
 """
 
 from __future__ import annotations
 
+import os
 import queue
-import socket
-import time
-import traceback
+import shutil
+import tempfile
 
 import torch
 import torch.multiprocessing as mp
 
-RPC_TIMEOUT_S = 20.0
+from conformance.harness.pool import Watchdog
+
+# Bounds an RPC stuck for good; hangs are judged from outside by the Watchdog, so a loaded
+# machine that starves a worker for a while never turns into a failure.
+RPC_TIMEOUT_S = 300.0
 WORLD_SIZE = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_name(rank: int) -> str:
     return f"worker{rank}"
 
 
-def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
+def _serve(rank: int, world_size: int, store_path: str, tasks, results, stop) -> None:
+    from conformance.harness.network import pin_to_loopback
+
+    pin_to_loopback()  # before TensorPipe creates a transport
     torch.set_num_threads(1)
     from torch.distributed import rpc
 
     options = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store_path}",
         rpc_timeout=RPC_TIMEOUT_S,
         num_worker_threads=8,
         _transports=["uv"],
@@ -50,11 +64,16 @@ def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
                 try:
                     check(world_size)
                 except BaseException:
+                    import traceback
+
                     results.put(("error", traceback.format_exc()))
                 else:
                     results.put(("ok", ""))
+            stop.set()
+        else:
+            stop.wait()
     finally:
-        rpc.shutdown(graceful=True, timeout=RPC_TIMEOUT_S)
+        rpc.shutdown(graceful=True)  # see [Note: quiet shutdown]
 
 
 class RpcWorld:
@@ -63,10 +82,14 @@ class RpcWorld:
         ctx = mp.get_context("spawn")
         self.tasks = ctx.Queue()
         self.results = ctx.Queue()
-        port = free_port()
+        self.stop = ctx.Event()
+        self.tmp = tempfile.mkdtemp(prefix="refimpl-rpc-world-")  # 0700: private
+        store = os.path.join(self.tmp, "rendezvous")
         self.procs = [
             ctx.Process(
-                target=_serve, args=(r, world_size, port, self.tasks, self.results), daemon=True
+                target=_serve,
+                args=(r, world_size, store, self.tasks, self.results, self.stop),
+                daemon=True,
             )
             for r in range(world_size)
         ]
@@ -76,23 +99,23 @@ class RpcWorld:
         self._expect("ready", start_timeout_s, "start")
 
     def _expect(self, status: str, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
+        watchdog = Watchdog([p.pid for p in self.procs], timeout_s)
         while True:
             try:
                 got, detail = self.results.get(timeout=0.5)
                 break
             except queue.Empty:
                 dead = [i for i, p in enumerate(self.procs) if not p.is_alive()]
-                if dead or time.monotonic() > deadline:
+                why = f"workers {dead} died" if dead else watchdog.hung()
+                if why:
                     self.kill()
-                    reason = f"workers {dead} died" if dead else f"no answer in {timeout_s}s"
-                    raise AssertionError(f"RPC world {what}: {reason}") from None
+                    raise AssertionError(f"RPC world {what}: {why}") from None
         if got != status:
             raise AssertionError(f"check failed on worker 0:\n{detail}")
 
     def run(self, check, timeout_s: float = 60.0) -> None:
         """Run ``check(world_size)`` on worker 0; raise with its traceback if it failed."""
-        assert not self.broken, "this RPC world was killed after a timeout"
+        assert not self.broken, "this RPC world was killed after it hung"
         self.tasks.put(check)
         self._expect("ok", timeout_s, getattr(check, "__name__", "check"))
 
@@ -102,10 +125,14 @@ class RpcWorld:
             if p.is_alive():
                 p.kill()
             p.join(5)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Shut the world down gracefully (all workers together); kill it if that hangs."""
         if not self.broken:
             self.tasks.put(None)
-            for p in self.procs:
-                p.join(timeout_s)
+            watchdog = Watchdog([p.pid for p in self.procs], timeout_s)
+            while any(p.is_alive() for p in self.procs) and not watchdog.hung():
+                for p in self.procs:
+                    p.join(0.5)
         self.kill()
