@@ -10,9 +10,10 @@
    into the context; gradients of received tensors are grouped by the worker they came from;
 3. send **one message per origin worker** carrying the gradients of all its send functions
    (``_receive_gradients``). That worker runs its local part from those send functions in one
-   ``torch.autograd.backward`` call, accumulates, forwards to *its* origins, and answers only once
-   everything downstream answered — so when R's futures complete, every worker the graph
-   reaches has finished;
+   ``torch.autograd.backward`` call, accumulates, and sends on to *its* origins in turn. The
+   messages are one-way: the root knows the pass is over when all of its credit has come back
+   (credit.py [Note: credit]) — so when ``backward`` returns, every worker the graph reaches
+   has finished, without a chain of answers retracing the chain of messages;
 4. unless ``retain_graph``, tell every reached worker to drop the send functions of the
    context (``_end_pass``, off the critical path: [Note: deferred release]); the gradients
    stay in each worker's context until it is released.
@@ -28,13 +29,15 @@ FAST mode executes it once, but must then assume every send function will receiv
 and hangs when one does not — see torch's ``test_backward_unused_send_function``). Here an
 unused send function simply never gets a message and the pass completes.
 
-Errors: a failure on worker N becomes a result ``("err", N, message)`` that flows back up the
-chain of futures; the caller raises ``RuntimeError("Error on Node N: message")``. The pass
+Errors: a failure on worker N (an exception in its local run, or a message its sender could
+not deliver to it) hands that branch's credit back to the root with ``(N, message)``; the root
+raises ``RuntimeError("Error on Node N: message")`` once all credit is back. The pass
 bookkeeping is undone on every worker whatever happens.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
@@ -43,12 +46,10 @@ import torch
 from torch.distributed import rpc
 
 from . import capture
+from . import credit as credit_mod
 from .capture import leaf_hook
 from .context import DistAutogradContext, container
 from .functions import RecvBackward
-
-# ("ok", reached worker ids) or ("err", node, message, reached worker ids)
-_Result = tuple
 
 
 # roots ------------------------------------------------------------------------------------------
@@ -180,47 +181,74 @@ def _completed(value) -> torch.futures.Future:
     return fut
 
 
-def _dispatch(ctx: DistAutogradContext, me: int, outbound, retain_graph: bool):
-    """Send gradients to their origin workers; a future of the combined ``_Result``."""
+# messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----
+def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool, share, path):
+    """Send a local run's gradients to their origin workers, splitting ``share`` of the credit
+    between the messages; a run that sends nothing hands its credit back to the root."""
+    if not outbound:
+        _hand_back(me, root, pass_id, share, path, None)
+        return
     dsts = list(outbound)
-    if not dsts:
-        return _completed(("ok", frozenset({me})))
     with ctx.lock:
         ctx.known_workers.update(dsts)
-    futs = [
-        rpc.rpc_async(
-            dst, _receive_gradients, args=(ctx.context_id, me, outbound[dst], retain_graph)
-        )
-        for dst in dsts
-    ]
+    part = share / len(dsts)
+    for dst in dsts:
+        args = (root, pass_id, ctx.context_id, me, outbound[dst], retain_graph, part, path)
+        try:
+            fut = rpc.rpc_async(dst, _receive_gradients, args=args)
+        except Exception as exc:
+            _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
+            continue
+        fut.add_done_callback(functools.partial(_delivered, me, root, pass_id, part, path, dst))
 
-    def combine(done_futs) -> _Result:
-        reached = {me}
-        error = None
-        for dst, fut in zip(dsts, done_futs, strict=True):
-            try:
-                result = fut.value()
-            except Exception as exc:  # transport failure: dead worker, timeout
-                error = error or (dst, f"{exc}")
-                reached.add(dst)
-                continue
-            reached |= result[-1]
-            if result[0] == "err" and error is None:
-                error = (result[1], result[2])
-        reached = frozenset(reached)
-        return ("err", *error, reached) if error else ("ok", reached)
 
-    if len(futs) == 1:  # the common case (a chain): no collect_all future in between
-        return futs[0].then(lambda done: combine([done]))
-    return torch.futures.collect_all(futs).then(lambda all_done: combine(all_done.value()))
+def _delivered(me, root, pass_id, part, path, dst, fut: torch.futures.Future) -> None:
+    """A gradient message was answered. A failed delivery (dead worker, timeout) hands that
+    message's credit back with the error; an answer carrying credit (the receiver's part ended
+    there and this worker is the root) returns it."""
+    try:
+        answer = fut.wait()
+    except Exception as exc:
+        _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
+        return
+    if answer is not None:
+        credit_mod.registry.returned(pass_id, *answer)
+
+
+def _hand_back(me: int, root: int, pass_id: int, credit, reached, error) -> None:
+    if root == me:
+        credit_mod.registry.returned(pass_id, credit, reached, error)
+    else:
+        rpc.rpc_async(root, _credit_returned, args=(pass_id, credit, reached, error))
+
+
+def _end_of_branch(me: int, root: int, sender: int, pass_id: int, credit, reached, error):
+    """Hand back the credit of a branch that ends here: in the answer to the gradient message
+    when its sender is the root (no extra message: the parameter-server and fan-out shapes),
+    else by a message of its own to the root."""
+    if sender == root:
+        return (credit, reached, error)
+    _hand_back(me, root, pass_id, credit, reached, error)
+    return None
 
 
 # RPC entry points --------------------------------------------------------------------------------
-@rpc.functions.async_execution
-def _receive_gradients(context_id: int, sender: int, items, retain_graph: bool):
-    """Gradients for some of this worker's send functions arrived: run the local part."""
+def _credit_returned(pass_id: int, credit, reached, error) -> None:
+    credit_mod.registry.returned(pass_id, credit, reached, error)
+
+
+def _receive_gradients(
+    root: int, pass_id: int, context_id: int, sender: int, items, retain_graph: bool, share, path
+):
+    """Gradients for some of this worker's send functions arrived: run the local part, send on.
+
+    Answers (the sender's delivery check) once the local run is done and its gradients are on
+    their way: ``None``, or ``(credit, reached, error)`` when the branch ends here and the
+    sender is the root; the pass's end is the root's business (credit.py [Note: credit]).
+    """
     cont = container()
     me = cont.worker_id
+    path = path | {me}
     cont.pass_started(context_id)
     try:
         ctx = cont.retrieve(context_id)
@@ -236,15 +264,16 @@ def _receive_gradients(context_id: int, sender: int, items, retain_graph: bool):
         outbound = _run_local(
             ctx, [e[0] for e in entries], [g for _, g in items], retain_graph=True
         )
-        fut = _dispatch(ctx, me, outbound, retain_graph)
     except Exception as exc:
-        fut = _completed(("err", me, f"{exc}", frozenset({me})))
-
-    def finish(done: torch.futures.Future) -> _Result:
         cont.pass_finished(context_id)
-        return done.value()
-
-    return fut.then(finish)
+        return _end_of_branch(me, root, sender, pass_id, share, path, (me, f"{exc}"))
+    # Finished here before anything is sent on: once the root has all its credit back, no
+    # worker still counts this pass (debug info).
+    cont.pass_finished(context_id)
+    if not outbound:
+        return _end_of_branch(me, root, sender, pass_id, share, path, None)
+    _send_on(ctx, me, root, pass_id, outbound, retain_graph, share, path)
+    return None
 
 
 def _end_pass(context_id: int) -> None:
@@ -286,6 +315,7 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
     ctx.drain_releases()  # see [Note: deferred release]
     me = cont.worker_id
     cont.pass_started(context_id)
+    pass_id, tracker = credit_mod.registry.start(me)
     try:
         try:
             # The root run is the only local run of this pass when this worker sent nothing in
@@ -295,15 +325,18 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
             grads = [torch.ones_like(r) for r in roots]
             outbound = _run_local(ctx, roots, grads, local_retain)
         except Exception as exc:
-            result = ("err", me, f"{exc}", frozenset({me}))
+            tracker.returned(credit_mod.FULL, (), (me, f"{exc}"))
         else:
-            result = _dispatch(ctx, me, outbound, retain_graph).wait()
+            _send_on(ctx, me, me, pass_id, outbound, retain_graph, credit_mod.FULL, frozenset({me}))
+        tracker.done.wait()
         if not retain_graph:
-            _end_pass_on(ctx, result[-1], me)
+            _end_pass_on(ctx, tracker.reached, me)
     finally:
+        credit_mod.registry.finish(pass_id)
         cont.pass_finished(context_id)
-    if result[0] == "err":
-        raise RuntimeError(f"Error on Node {result[1]}: {result[2]}")
+    if tracker.error is not None:
+        node, message = tracker.error
+        raise RuntimeError(f"Error on Node {node}: {message}")
 
 
 def _end_pass_on(ctx: DistAutogradContext, workers, me: int) -> None:
