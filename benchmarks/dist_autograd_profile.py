@@ -60,7 +60,7 @@ def instrument() -> None:
     from refimpl.distributed_autograd.context import DistAutogradContext
 
     _wrap(engine, "_collect_leaves", "walk")
-    _wrap(engine.torch.autograd, "backward", "autograd")
+    _wrap(engine, "_autograd_run", "autograd")
     _wrap(engine, "_own_buffers", "accumulate")
     _wrap(DistAutogradContext, "accumulate", "accumulate")
     _wrap(engine, "_run_local", "local run (all above + hooks)")

@@ -271,8 +271,9 @@ def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph):
     from refimpl.distributed_autograd.functions import RecvBackward
 
     with ctx.run_lock:
-        leaves, _, _ = engine._collect_leaves([o.grad_fn for o in outputs])
-        recvs, seen, stack = [], set(), [o.grad_fn for o in outputs]
+        starts = [engine._start_node(o) for o in outputs]  # root tensors or send edges
+        leaves, _, _ = engine._collect_leaves(starts)
+        recvs, seen, stack = [], set(), list(starts)
         while stack:
             node = stack.pop()
             if node is None or node in seen:

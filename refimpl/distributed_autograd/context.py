@@ -7,9 +7,9 @@ time a message of that context arrives.
 
 What a context owns on one worker (see :class:`DistAutogradContext`):
 
-- the **send functions**: for every tensor requiring grad that left this worker, the output of a
-  :class:`~refimpl.distributed_autograd.functions.SendFunction` node (its backward edge points at
-  the tensor's producer *as it was when sent*), keyed by a per-worker send id;
+- the **send edges**: for every tensor requiring grad that left this worker, the gradient edge
+  of the tensor's producer *as it was when sent* (functions.py [Note: send/recv pairs]), keyed
+  by a per-worker send id;
 - the **gradients** accumulated for leaf tensors of this worker's part of the graph
   (``get_gradients``) — never written to ``.grad``;
 - the set of **known workers** (sent to or received from in this context), so that releasing
@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+from torch.autograd.graph import GradientEdge
 
 _WORKER_ID_SHIFT = 48
 _MAX_COUNTER = (1 << _WORKER_ID_SHIFT) - 1
@@ -41,15 +42,15 @@ class DistAutogradContext:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Serializes local graph runs of this context on this worker (see engine.py).
     run_lock: threading.Lock = field(default_factory=threading.Lock)
-    # send id -> (output of SendFunction, destination worker id)
-    sends: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)
+    # send id -> (send edge: a torch.autograd.graph.GradientEdge, destination worker id)
+    sends: dict[int, tuple[GradientEdge, int]] = field(default_factory=dict)
     grads: dict[torch.Tensor, torch.Tensor] = field(default_factory=dict)
     known_workers: set[int] = field(default_factory=set)
     # A zero-size leaf every RecvFunction hangs from, so received tensors require grad and
     # have a grad_fn (a valid backward root), like torch's RecvRpcBackward.
     anchor: torch.Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))
     # Bumped when a backward with retain_graph=False ends: recv nodes created before it are
-    # then stale (their send functions were released on the other side).
+    # then stale (their send edges were released on the other side).
     graph_epoch: int = 0
     # Workers whose part of the graph a finished backward(retain_graph=False) released here but
     # not yet there: told before this context sends anything again (next RPC or backward), and
@@ -91,10 +92,10 @@ class DistAutogradContext:
                 stacklevel=3,
             )
 
-    def add_send(self, send_output: torch.Tensor, dst: int) -> int:
+    def add_send(self, edge: GradientEdge, dst: int) -> int:
         with self.lock:
             send_id = next(self._send_ids)
-            self.sends[send_id] = (send_output, dst)
+            self.sends[send_id] = (edge, dst)
             self.known_workers.add(dst)
         return send_id
 

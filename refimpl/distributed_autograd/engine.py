@@ -8,26 +8,26 @@
    with ones), the gradients flowing into every leaf's ``AccumulateGrad`` and every received
    tensor's ``RecvBackward`` taken by pre-hooks (capture.py). Leaf gradients are accumulated
    into the context; gradients of received tensors are grouped by the worker they came from;
-3. send **one message per origin worker** carrying the gradients of all its send functions
-   (``_receive_gradients``). That worker runs its local part from those send functions in one
+3. send **one message per origin worker** carrying the gradients of all its send edges
+   (``_receive_gradients``). That worker runs its local part from those send edges in one
    ``torch.autograd.backward`` call, accumulates, and sends on to *its* origins in turn. The
    messages are one-way: the root knows the pass is over when all of its credit has come back
    (credit.py [Note: credit]) — so when ``backward`` returns, every worker the graph reaches
    has finished, without a chain of answers retracing the chain of messages;
-4. unless ``retain_graph``, tell every reached worker to drop the send functions of the
+4. unless ``retain_graph``, tell every reached worker to drop the send edges of the
    context (``_end_pass``, off the critical path: [Note: deferred release]); the gradients
    stay in each worker's context until it is released.
 
 [Note: several messages for one worker]
-A worker can receive gradients for its send functions in several messages of one pass (fan-out
+A worker can receive gradients for its send edges in several messages of one pass (fan-out
 to two workers, a round trip A→B→A after A's root run). Each message triggers one local run from
-the send functions it names; runs of one context are serialized on that worker (``run_lock``)
+the send edges it names; runs of one context are serialized on that worker (``run_lock``)
 and the graph is kept (``retain_graph=True``) while the pass may still reach it. Gradients are
 linear in the incoming vector, so summing the runs' results is exact math; the cost is that a
-node reachable from send functions named in k different messages executes k times (torch's
+node reachable from send edges named in k different messages executes k times (torch's
 FAST mode executes it once, but must then assume every send function will receive a gradient,
 and hangs when one does not — see torch's ``test_backward_unused_send_function``). Here an
-unused send function simply never gets a message and the pass completes.
+unused send edge simply never gets a message and the pass completes.
 
 Errors: a failure on worker N (an exception in its local run, or a message its sender could
 not deliver to it) hands that branch's credit back to the root with ``(N, message)``; the root
@@ -43,6 +43,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
+from torch.autograd.graph import GradientEdge, _engine_run_backward
 from torch.distributed import rpc
 
 from . import capture
@@ -140,18 +141,44 @@ def _storage_key(grad: torch.Tensor) -> int:
     return grad.untyped_storage().data_ptr()
 
 
+def _autograd_run(outputs, grad_outputs, retain_graph: bool) -> None:
+    """``torch.autograd.backward(outputs, grad_outputs)`` without its argument checks.
+
+    ``torch.autograd.backward`` validates and normalizes every (output, gradient) pair in
+    Python (``_make_grads``), which costs microseconds per tensor on every local run; here the
+    gradients are the roots' ``ones_like`` or come from autograd on the other side of a send
+    edge, so they already match. This calls the engine entry point that ``backward`` itself
+    ends in (torch-private: ``torch.autograd.graph._engine_run_backward``).
+    """
+    _engine_run_backward(
+        tuple(outputs),
+        tuple(grad_outputs),
+        retain_graph,
+        False,  # create_graph
+        (),  # inputs
+        allow_unreachable=True,
+        accumulate_grad=True,
+    )
+
+
+def _start_node(output):
+    """The node a local run starts from: a root tensor's grad_fn, or a send edge's node."""
+    return output.node if isinstance(output, GradientEdge) else output.grad_fn
+
+
 def _run_local(
     ctx: DistAutogradContext,
-    outputs: list[torch.Tensor],
+    outputs: list,
     grad_outputs: list[torch.Tensor],
     retain_graph: bool,
 ) -> dict[int, list[tuple[int, torch.Tensor]]]:
-    """One local run: accumulate leaf grads, return {origin worker: [(send_id, grad)]}.
+    """One local run from ``outputs`` (root tensors or send edges): accumulate leaf grads,
+    return {origin worker: [(send_id, grad)]}.
 
     See capture.py [Note: capture by pre-hooks].
     """
     with ctx.run_lock:
-        leaves, nodes, any_recv = _collect_leaves([o.grad_fn for o in outputs])
+        leaves, nodes, any_recv = _collect_leaves([_start_node(o) for o in outputs])
         if not leaves and not any_recv:
             return {}
         handles = [
@@ -160,7 +187,7 @@ def _run_local(
         ]
         try:
             with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
-                torch.autograd.backward(outputs, grad_outputs, retain_graph=retain_graph)
+                _autograd_run(outputs, grad_outputs, retain_graph)
         finally:
             for handle in handles:
                 handle.remove()
@@ -240,7 +267,7 @@ def _credit_returned(pass_id: int, credit, reached, error) -> None:
 def _receive_gradients(
     root: int, pass_id: int, context_id: int, sender: int, items, retain_graph: bool, share, path
 ):
-    """Gradients for some of this worker's send functions arrived: run the local part, send on.
+    """Gradients for some of this worker's send edges arrived: run the local part, send on.
 
     Answers (the sender's delivery check) once the local run is done and its gradients are on
     their way: ``None``, or ``(credit, reached, error)`` when the branch ends here and the
@@ -258,7 +285,7 @@ def _receive_gradients(
         missing = [sid for (sid, _), e in zip(items, entries, strict=True) if e is None]
         if missing:
             raise RuntimeError(
-                f"no send function {missing} in autograd context {context_id}: the graph was "
+                f"no send edge {missing} in autograd context {context_id}: the graph was "
                 "released by a previous backward(retain_graph=False)"
             )
         outbound = _run_local(
@@ -344,7 +371,7 @@ def _end_pass_on(ctx: DistAutogradContext, workers, me: int) -> None:
 
     [Note: deferred release] Telling the other workers costs one message each; it is not paid
     on the backward's critical path. The workers are remembered and told before this context
-    sends anything again (next RPC or backward: so a release can never clear send functions of
+    sends anything again (next RPC or backward: so a release can never clear send edges of
     a later forward); when the context exits first, the context release drops everything there
     anyway and the messages are never sent (the common case: one backward per context).
     """

@@ -2,14 +2,16 @@
 
 [Note: send/recv pairs]
 When a tensor that requires grad crosses an RPC made in a context, the sender records a
-``SendFunction`` node and the receiver attaches the tensor to a ``RecvFunction`` node:
+**send edge** and the receiver attaches the tensor to a ``RecvFunction`` node:
 
     worker A                                   worker B
-    x ──> SendBackward  ═══ (ctx, send_id) ═══> RecvBackward ──> x' (requires grad)
+    x ──> (x's producer, at send time) ═══ (ctx, send_id) ═══> RecvBackward ──> x' (requires grad)
 
-- ``SendFunction.apply(x)`` returns an alias of ``x`` whose grad_fn's edge points at x's
-  producer *at send time*; the context keeps it under a fresh ``send_id``. When a gradient for
-  that send id comes back, the engine runs the local graph from it.
+- the send edge is ``torch.autograd.graph.get_gradient_edge(x)``: x's producer node *at send
+  time* (a later in-place change of x does not rewire it) — its ``AccumulateGrad`` when x is a
+  leaf. The context keeps it under a fresh ``send_id``; when a gradient for that send id comes
+  back, the engine runs the local graph from it (autograd accepts edges as roots). No autograd
+  node of our own: a Python ``Function`` there would cost a Python call per send in every pass.
 - ``RecvFunction.apply(anchor, _Payload(tensor))`` makes the received tensor require grad and
   gives it a grad_fn (so it can be a backward root). The tensor itself is returned, not an input
   of the function (an input returned as output would become a view, and sparse tensors cannot
@@ -26,19 +28,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.graph import get_gradient_edge
 
 from .capture import recv_hook
 from .context import DistAutogradContext
-
-
-class SendFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor):  # noqa: D102
-        return tensor.detach()
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: D102
-        return grad
 
 
 class _Payload:
@@ -63,7 +56,6 @@ class RecvFunction(torch.autograd.Function):
 
 
 RecvBackward = RecvFunction._backward_cls
-SendBackward = SendFunction._backward_cls
 
 
 class WireTensor:
@@ -100,7 +92,8 @@ def _map(obj: Any, fn) -> Any:
 
 
 def pack(ctx: DistAutogradContext, dst: int, obj: Any) -> tuple[Any, int]:
-    """Replace every tensor requiring grad in ``obj`` by a ``WireTensor`` and record a send.
+    """Replace every tensor requiring grad in ``obj`` by a ``WireTensor`` and record its send
+    edge.
 
     Returns the packed object and the number of sends recorded. Outside grad mode nothing
     is recorded (like a forward under ``torch.no_grad()``).
@@ -114,8 +107,7 @@ def pack(ctx: DistAutogradContext, dst: int, obj: Any) -> tuple[Any, int]:
         if not isinstance(t, torch.Tensor) or not t.requires_grad:
             return t
         count += 1
-        send_output = SendFunction.apply(t)
-        return WireTensor(t.detach(), ctx.add_send(send_output, dst))
+        return WireTensor(t.detach(), ctx.add_send(get_gradient_edge(t), dst))
 
     packed = _map(obj, one)
     return packed, count

@@ -1,8 +1,8 @@
-"""RPC wrappers that record send/recv functions (mirroring ``torch.distributed.rpc``).
+"""RPC wrappers that record send edges and recv functions (mirroring ``torch.distributed.rpc``).
 
 ``rpc_sync`` / ``rpc_async`` / ``remote`` take the same arguments as their torch namesakes.
 Inside a :func:`~refimpl.distributed_autograd.context`, every tensor requiring grad in
-``args``/``kwargs`` (nested tuples, lists, dicts) is recorded as a send function and travels
+``args``/``kwargs`` (nested tuples, lists, dicts) is recorded as a send edge and travels
 detached; the callee runs ``func`` inside the same context id (created there on demand) with
 those tensors attached to recv functions, and tensors requiring grad in the return value make
 the same trip back. Outside a context they are plain torch RPCs.

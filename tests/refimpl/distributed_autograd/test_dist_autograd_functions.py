@@ -6,12 +6,12 @@ from collections import namedtuple
 
 import pytest
 import torch
+from torch.autograd.graph import GradientEdge
 
 from refimpl.distributed_autograd.context import ContextContainer
 from refimpl.distributed_autograd.engine import _run_local
 from refimpl.distributed_autograd.functions import (
     RecvBackward,
-    SendBackward,
     WireTensor,
     pack,
     unpack,
@@ -32,7 +32,11 @@ def test_pack_records_one_send_per_tensor_requiring_grad_in_nested_structures():
     assert isinstance(packed[1][1]["k"], WireTensor)
     assert type(packed[2]) is Pair and packed[2].b == 7 and packed[3] == "s"
     assert sorted(ctx.sends) == [0, 1, 2]
-    assert all(isinstance(s.grad_fn, SendBackward) and dst == 1 for s, dst in ctx.sends.values())
+    # the send edges: x's AccumulateGrad (twice: a leaf sent twice) and x * 2's MulBackward0
+    edges = [ctx.sends[i][0] for i in range(3)]
+    assert all(isinstance(e, GradientEdge) and ctx.sends[i][1] == 1 for i, e in enumerate(edges))
+    assert type(edges[0].node).__name__ == "AccumulateGrad" and edges[0].node.variable is x
+    assert type(edges[1].node).__name__ == "MulBackward0"
     assert ctx.known_workers == {1}
 
 
