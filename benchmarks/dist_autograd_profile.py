@@ -14,7 +14,7 @@ Alongside, on the same workers and in the same run:
 
 Stages: ``walk`` (finding the leaves and recv nodes), ``autograd`` (torch.autograd.backward of
 the local part, hooks included), ``accumulate`` (own buffers + sum into the context),
-``dispatch`` (building and sending the gradient messages, not waiting), ``end-pass`` (sending
+``send on`` (sending a run's gradient messages, or handing its credit back; not waiting), ``end-pass`` (sending
 the graph releases), ``local run`` (a whole local run: walk, hook registration, autograd,
 accumulate). What the stages do not cover is messaging: serialization, the agent's threads
 and the futures' callbacks.
@@ -64,7 +64,7 @@ def instrument() -> None:
     _wrap(engine, "_own_buffers", "accumulate")
     _wrap(DistAutogradContext, "accumulate", "accumulate")
     _wrap(engine, "_run_local", "local run (all above + hooks)")
-    _wrap(engine, "_dispatch", "dispatch")
+    _wrap(engine, "_send_on", "send on")
     _wrap(engine, "_end_pass_on", "end-pass")
 
 
