@@ -27,6 +27,15 @@ from fractions import Fraction
 FULL = Fraction(1)
 
 
+def to_wire(credit: Fraction) -> tuple[int, int]:
+    """Credit in a message: two ints (a pickled ``Fraction`` is re-parsed from a string)."""
+    return credit.numerator, credit.denominator
+
+
+def from_wire(wire: tuple[int, int]) -> Fraction:
+    return Fraction(*wire)
+
+
 class PassTracker:
     """The root's view of one backward pass: credit returned, workers reached, first error."""
 

@@ -43,7 +43,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
-from torch.autograd.graph import GradientEdge, _engine_run_backward
+from torch.autograd.graph import GradientEdge, _engine_run_backward, get_gradient_edge
 from torch.distributed import rpc
 
 from . import capture
@@ -82,6 +82,10 @@ def validate_roots(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 # the local part of the graph ----------------------------------------------------------------------
+# The C++ class of leaves' gradient accumulators (exact type checks keep the walk cheap).
+_ACCUMULATE_GRAD = type(get_gradient_edge(torch.empty(0, requires_grad=True)).node)
+
+
 def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
     """Leaves requiring grad reachable from ``start`` nodes, their ``AccumulateGrad`` nodes, and
     whether any received tensor is reachable (the walk stops at both)."""
@@ -95,17 +99,14 @@ def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
         if node in seen:
             continue
         seen.add(node)
-        if isinstance(node, RecvBackward):
+        kind = type(node)
+        if kind is RecvBackward:
             any_recv = True
-            continue
-        variable = getattr(node, "variable", None)
-        if variable is not None and type(node).__name__ == "AccumulateGrad":
-            leaves.append(variable)
+        elif kind is _ACCUMULATE_GRAD:
+            leaves.append(node.variable)
             nodes.append(node)
-            continue
-        for nxt, _ in node.next_functions:
-            if nxt is not None and nxt not in seen:
-                stack.append(nxt)
+        else:
+            stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
     return leaves, nodes, any_recv
 
 
@@ -220,7 +221,8 @@ def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool
         ctx.known_workers.update(dsts)
     part = share / len(dsts)
     for dst in dsts:
-        args = (root, pass_id, ctx.context_id, me, outbound[dst], retain_graph, part, path)
+        wire = credit_mod.to_wire(part)
+        args = (root, pass_id, ctx.context_id, me, outbound[dst], retain_graph, wire, path)
         try:
             fut = rpc.rpc_async(dst, _receive_gradients, args=args)
         except Exception as exc:
@@ -239,14 +241,16 @@ def _delivered(me, root, pass_id, part, path, dst, fut: torch.futures.Future) ->
         _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
         return
     if answer is not None:
-        credit_mod.registry.returned(pass_id, *answer)
+        credit, reached, error = answer
+        credit_mod.registry.returned(pass_id, credit_mod.from_wire(credit), reached, error)
 
 
 def _hand_back(me: int, root: int, pass_id: int, credit, reached, error) -> None:
     if root == me:
         credit_mod.registry.returned(pass_id, credit, reached, error)
     else:
-        rpc.rpc_async(root, _credit_returned, args=(pass_id, credit, reached, error))
+        wire = credit_mod.to_wire(credit)
+        rpc.rpc_async(root, _credit_returned, args=(pass_id, wire, reached, error))
 
 
 def _end_of_branch(me: int, root: int, sender: int, pass_id: int, credit, reached, error):
@@ -254,14 +258,14 @@ def _end_of_branch(me: int, root: int, sender: int, pass_id: int, credit, reache
     when its sender is the root (no extra message: the parameter-server and fan-out shapes),
     else by a message of its own to the root."""
     if sender == root:
-        return (credit, reached, error)
+        return (credit_mod.to_wire(credit), reached, error)
     _hand_back(me, root, pass_id, credit, reached, error)
     return None
 
 
 # RPC entry points --------------------------------------------------------------------------------
 def _credit_returned(pass_id: int, credit, reached, error) -> None:
-    credit_mod.registry.returned(pass_id, credit, reached, error)
+    credit_mod.registry.returned(pass_id, credit_mod.from_wire(credit), reached, error)
 
 
 def _receive_gradients(
@@ -276,6 +280,7 @@ def _receive_gradients(
     cont = container()
     me = cont.worker_id
     path = path | {me}
+    share = credit_mod.from_wire(share)
     cont.pass_started(context_id)
     try:
         ctx = cont.retrieve(context_id)

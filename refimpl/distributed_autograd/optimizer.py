@@ -13,11 +13,17 @@ One local optimizer is created on each owner worker for the parameters it owns. 
 the gradients accumulated on that owner for ``context_id`` (a parameter without one is skipped
 by the optimizer, as a parameter with ``grad is None``), and never leaves them in ``.grad``.
 Steps on one local optimizer are serialized, so several trainers can share a parameter server.
+
+A step names each local optimizer by a key in its owner's registry, not by its RRef: an RRef
+passed from a user to its owner costs the owner a fork-accept message back on every call. The
+registry holds local optimizers weakly; the ``DistributedOptimizer``'s RRefs keep them alive.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 
 from torch.distributed import rpc
 
@@ -45,14 +51,25 @@ class _LocalOptimizer:
                     p.grad = g
 
 
+_registry: weakref.WeakValueDictionary[int, _LocalOptimizer] = weakref.WeakValueDictionary()
+_keys = itertools.count()
+
+
 def _new_local_optimizer(optimizer_class, param_rrefs, args, kwargs):
-    return rpc.RRef(_LocalOptimizer(optimizer_class, param_rrefs, args, kwargs))
+    """On the owner: a local optimizer, as an RRef (its lifetime) and a registry key."""
+    local = _LocalOptimizer(optimizer_class, param_rrefs, args, kwargs)
+    key = next(_keys)
+    _registry[key] = local
+    return rpc.RRef(local), key
 
 
-def _local_step(optimizer_rref, context_id: int) -> str | None:
+def _local_step(key: int, context_id: int) -> str | None:
     """Step on the owner; an error comes back as its message (not a remote traceback)."""
     try:
-        optimizer_rref.local_value().step(context_id)
+        local = _registry.get(key)
+        if local is None:
+            raise RuntimeError(f"local optimizer {key} is gone (its DistributedOptimizer was deleted)")
+        local.step(context_id)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -74,12 +91,14 @@ class DistributedOptimizer:
             )
             for w, rrefs in by_owner.items()
         ]
-        self.remote_optimizers = [f.wait() for f in futs]
+        created = [f.wait() for f in futs]
+        self.remote_optimizers = [rref for rref, _ in created]
+        self._steps = [(rref.owner(), key) for rref, key in created]
 
     def step(self, context_id: int) -> None:
         futs = [
-            (opt.owner().id, rpc.rpc_async(opt.owner(), _local_step, args=(opt, context_id)))
-            for opt in self.remote_optimizers
+            (owner.id, rpc.rpc_async(owner, _local_step, args=(key, context_id)))
+            for owner, key in self._steps
         ]
         errors = []
         for worker, fut in futs:
