@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.autograd.graph import get_gradient_edge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from .capture import recv_hook
 from .context import DistAutogradContext
@@ -91,6 +91,19 @@ def _map(obj: Any, fn) -> Any:
     return obj
 
 
+def send_edge(t: torch.Tensor) -> GradientEdge:
+    """The gradient edge of ``t``'s producer now (its ``AccumulateGrad`` when ``t`` is a leaf),
+    holding that part of the graph alive (``ownership_token``: a Python node's object alone
+    does not)."""
+    if t.layout == torch.strided:
+        return get_gradient_edge(t)
+    # get_gradient_edge goes through a view, and sparse tensors have no views: an op instead.
+    with torch.enable_grad():
+        owner = (t * 1).grad_fn
+    node, output_nr = owner.next_functions[0]
+    return GradientEdge(node, output_nr, ownership_token=owner)
+
+
 def pack(ctx: DistAutogradContext, dst: int, obj: Any) -> tuple[Any, int]:
     """Replace every tensor requiring grad in ``obj`` by a ``WireTensor`` and record its send
     edge.
@@ -107,7 +120,7 @@ def pack(ctx: DistAutogradContext, dst: int, obj: Any) -> tuple[Any, int]:
         if not isinstance(t, torch.Tensor) or not t.requires_grad:
             return t
         count += 1
-        return WireTensor(t.detach(), ctx.add_send(get_gradient_edge(t), dst))
+        return WireTensor(t.detach(), ctx.add_send(send_edge(t), dst))
 
     packed = _map(obj, one)
     return packed, count

@@ -14,6 +14,7 @@ from refimpl.distributed_autograd.functions import (
     RecvBackward,
     WireTensor,
     pack,
+    send_edge,
     unpack,
 )
 
@@ -103,3 +104,33 @@ def test_gradients_are_accumulated_per_leaf(dtype):
     for _ in range(2):
         _run_local(ctx, [(w * 3).sum()], [torch.ones((), dtype=dtype)], retain_graph=False)
     assert torch.equal(ctx.grads[w], torch.full((2,), 6.0, dtype=dtype))
+
+
+class _Triple(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3
+
+
+def test_send_edge_keeps_a_python_node_alive_after_the_tensor_is_gone():
+    import gc
+
+    w = torch.ones(3, requires_grad=True)
+    y = _Triple.apply(w)
+    edge = send_edge(y)
+    del y
+    gc.collect()
+    torch.autograd.backward([edge], [torch.ones(3)])
+    torch.testing.assert_close(w.grad, torch.full((3,), 3.0))
+
+
+def test_send_edge_of_a_sparse_leaf_is_its_accumulator():
+    s = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,)).requires_grad_()
+    edge = send_edge(s)
+    assert type(edge.node).__name__ == "AccumulateGrad" and edge.node.variable is s
+    torch.autograd.backward([edge], [torch.sparse_coo_tensor([[0]], [5.0], (3,))])
+    assert s.grad.is_sparse and torch.equal(s.grad.to_dense(), torch.tensor([5.0, 0.0, 0.0]))
