@@ -143,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         # Rank areas need scenarios of this world's size; single-process areas run on rank 0.
         cases = _order([c for c in plan.cases if c.area.in_process or c.scenario.world_size == world])
         box[0] = cases
-        from conformance.report import start_run
+        from conformance.report import run_info, start_run
 
         start_run(args.report_dir)  # one run per directory: the last one's files go now
+        args.run_info = run_info.collect(profile=selection.profile, backend=backend, device=device,
+                                         adapters=list(selection.specs))
         print(f"gradparity torchrun: world {world} ({backend}/{device}), {len(cases)} cases "
               f"({sum(bool(c.skip) for c in cases)} skipped)", flush=True)
         for line in plan.unmatched:
@@ -233,7 +235,9 @@ def _write(args, selection, results: list[CaseResult], left: list[Case], broken:
 
     why = broken or "the run stopped before this case (a rank aborted, or the torchrun agent ended the world)"
     records = [r.record() for r in results] + [never_ran(c, why).record() for c in left]
-    return write_reports(args.report_dir, records, adapters=list(selection.specs), profile=selection.profile)
+    info = dict(args.run_info, stopped=(why if left else None) or broken or None)
+    return write_reports(args.report_dir, records, adapters=list(selection.specs), profile=selection.profile,
+                         run_info=info)
 
 
 if __name__ == "__main__":
