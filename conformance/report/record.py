@@ -72,16 +72,29 @@ def lost_case_record(nodeid: str, text: str, known: set[str] = frozenset()) -> d
     """The record of a suite case whose pytest report carries none — the process running it died
     (an xdist worker crash) — as an infrastructure `error` with pytest's line as its cause; None
     for a node that is not a suite case, or a case already recorded (a teardown failure)."""
-    from conformance import catalogue
     from conformance.failure import Classified, FailureClass, first_line
 
     param = nodeid.rpartition("[")[2].rstrip("]") if nodeid.endswith("]") else ""
     spec, sep, scenario_id = param.partition(CASE_SEPARATOR)
     if not sep or param in known:
         return None
-    scenario = next((s for s in catalogue.all_scenarios() if s.id == scenario_id), None)
+    scenario = _scenario(scenario_id)
     if scenario is None:
         return None
     cause = f"no result: the process running this case died ({first_line(text) or 'no report'})"
     return case_record(spec, scenario, verdict="error", message=text, duration_s=0.0,
                        failure=Classified(FailureClass.INFRASTRUCTURE, cause))
+
+
+def _scenario(scenario_id: str) -> Scenario | None:
+    """The catalogue scenario a case id names, on its device: a run on another device than the
+    catalogue's (`--device cuda`) names its cases `<id>/<device>` (`catalogue.on_device`)."""
+    from conformance import catalogue
+
+    by_id = {s.id: s for s in catalogue.all_scenarios()}
+    if scenario_id in by_id:
+        return by_id[scenario_id]
+    base, _, device = scenario_id.rpartition("/")
+    if base in by_id and device in ("cpu", "cuda"):  # the --device choices (conformance/options.py)
+        return catalogue.on_device(by_id[base], device)
+    return None

@@ -82,6 +82,11 @@ def test_a_case_whose_process_died_is_recorded_as_an_error_not_lost():
     assert lost["cause"] == "no result: the process running this case died (worker 'gw0' crashed while running '...')"
     assert lost_case_record(nodeid, "x", known={"torch-ddp|ddp/plain/mlp/w2/fp32"}) is None  # a teardown failure
     assert lost_case_record("tests/test_x.py::test_y", "x") is None
+    # a --device cuda run names its cases <scenario>/cuda: they are not lost either
+    on_gpu = lost_case_record(nodeid.replace("fp32]", "fp32/cuda]"), "worker 'gw1' crashed")
+    assert on_gpu["case"] == "torch-ddp|ddp/plain/mlp/w2/fp32/cuda" and on_gpu["device"] == "cuda"
+    assert on_gpu["verdict"] == "error"
+    assert lost_case_record(nodeid.replace("fp32]", "fp32/tpu]"), "x") is None  # not a device the suite runs on
 
 
 def test_xfailed_record_in_the_failures_of_a_strict_pass():
