@@ -33,6 +33,7 @@ from conformance.models.data_parallel import (
     build,
     flatten_output,
     make_batch,
+    map_leaves,
     structure,
     total_loss,
 )
@@ -89,16 +90,13 @@ def _leaves(obj, path: str = "input") -> dict:
 
 def _clone_inputs(obj, grad: bool):
     """A fresh copy of the inputs; floating-point tensors require grad when `grad`."""
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().clone()
+    def clone(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        t = leaf.detach().clone()
         return t.requires_grad_() if grad and t.is_floating_point() else t
-    if isinstance(obj, dict):
-        return {k: _clone_inputs(v, grad) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_clone_inputs(v, grad) for v in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_clone_inputs(v, grad) for v in obj)
-    return obj
+
+    return map_leaves(obj, clone)
 
 
 def oracle_forward(oracle, inputs: tuple, spec, replicas: int):

@@ -66,3 +66,15 @@ def test_data_parallel_batches_are_reproducible():
     for k in flat_one:
         a, b = flat_one[k], flat_two[k]
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def test_map_leaves_keeps_every_container_type_and_visits_every_leaf():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+    nested = {"x": [1, (2, Pair(3, "s"))], "y": None}
+    seen = []
+    out = data_parallel.map_leaves(nested, lambda leaf: seen.append(leaf) or (leaf * 10 if isinstance(leaf, int) else leaf))
+    assert out == {"x": [10, (20, Pair(30, "s"))], "y": None}
+    assert type(out["x"][1][1]) is Pair and type(out["x"]) is list
+    assert seen == [1, 2, 3, "s", None]
