@@ -18,6 +18,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = [
+    "autograd_tls_get",
+    "autograd_tls_has",
+    "autograd_tls_remove",
+    "autograd_tls_stash",
+    "engine_run_backward",
+    "find_script_function",
+    "rref_class",
     "MODULE_BUFFERS",
     "MODULE_CHILDREN",
     "MODULE_PARAMETERS",
@@ -43,6 +50,19 @@ def queue_backward_callback(callback: Callable[[], None]) -> None:
     inside a backward (a gradient hook or a node pre-hook).
     """
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+# Direct aliases (no wrapper frame): distributed autograd reads the capture in every leaf hook.
+# ``stash(key, obj)`` puts ``obj`` in the thread-local state that autograd propagates to the
+# threads running a backward (a Python ``threading.local`` would not follow it there).
+autograd_tls_has = torch._C._is_key_in_tls
+autograd_tls_get = torch._C._get_obj_in_tls
+autograd_tls_stash = torch._C._stash_obj_in_tls
+autograd_tls_remove = torch._C._remove_obj_from_tls
+
+# ``torch.autograd.backward`` minus its per-tensor Python argument checks: the engine entry
+# point ``backward`` itself ends in (distributed autograd's local runs call it directly).
+engine_run_backward = torch.autograd.graph._engine_run_backward
 
 
 # -- tensors --------------------------------------------------------------------------------
@@ -108,6 +128,22 @@ def fsdp2_unsharded_grads(module) -> dict[int, torch.Tensor | None]:
             grad = None if unsharded is None else unsharded.grad
         out[id(fsdp_param.sharded_param)] = grad
     return out
+
+
+def rref_class() -> type:
+    """The C++ RRef class ``torch.distributed.rpc.RRef`` derives from (its ``to_here`` is the
+    method distributed autograd wraps so a fetched value records a gradient edge)."""
+    from torch._C._distributed_rpc import PyRRef
+
+    return PyRRef
+
+
+def find_script_function(qualified_name: str):
+    """The TorchScript function compiled under ``qualified_name`` in this process, or None.
+
+    Distributed autograd ships a scripted RPC target by name; no public API looks one up.
+    """
+    return torch.jit._state._python_cu.find_function(qualified_name)
 
 
 def composable_replicate():

@@ -11,7 +11,7 @@ frontier has two kinds of nodes, and a pre-hook on each takes the gradient flowi
   worker it came from.
 
 The run's capture is found through the autograd thread-local state that torch propagates to
-its device threads (``torch._C._stash_obj_in_tls``), so a hook on another thread's run, or on a
+its device threads (``_torch_compat.autograd_tls_stash``), so a hook on another thread's run, or on a
 plain local ``loss.backward()``, leaves the gradient alone. Leaf hooks are registered for the
 run only (several contexts may share a leaf concurrently: each run's hook sees only its own
 capture, and once one has taken the gradient the others see ``None``); recv hooks are
@@ -21,6 +21,13 @@ registered once, when the tensor is received.
 from __future__ import annotations
 
 import torch
+
+from .._torch_compat import (
+    autograd_tls_get,
+    autograd_tls_has,
+    autograd_tls_remove,
+    autograd_tls_stash,
+)
 
 _TLS_KEY = "refimpl.distributed_autograd.capture"
 
@@ -38,8 +45,8 @@ class Capture:
 
 
 def _current() -> Capture | None:
-    if torch._C._is_key_in_tls(_TLS_KEY):
-        return torch._C._get_obj_in_tls(_TLS_KEY)
+    if autograd_tls_has(_TLS_KEY):
+        return autograd_tls_get(_TLS_KEY)
     return None
 
 
@@ -50,11 +57,11 @@ class active:
         self.capture = capture
 
     def __enter__(self) -> Capture:
-        torch._C._stash_obj_in_tls(_TLS_KEY, self.capture)
+        autograd_tls_stash(_TLS_KEY, self.capture)
         return self.capture
 
     def __exit__(self, *exc) -> None:
-        torch._C._remove_obj_from_tls(_TLS_KEY)
+        autograd_tls_remove(_TLS_KEY)
 
 
 def leaf_hook(leaf: torch.Tensor):

@@ -43,9 +43,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
-from torch.autograd.graph import GradientEdge, _engine_run_backward, get_gradient_edge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.distributed import rpc
 
+from .._torch_compat import engine_run_backward, sparse_values
 from . import capture
 from . import credit as credit_mod
 from .capture import leaf_hook
@@ -136,7 +137,7 @@ def _own_buffers(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, 
 
 def _storage_key(grad: torch.Tensor) -> int:
     if grad.is_sparse:
-        return grad._values().untyped_storage().data_ptr()
+        return sparse_values(grad).untyped_storage().data_ptr()
     if grad.layout != torch.strided:
         return id(grad)
     return grad.untyped_storage().data_ptr()
@@ -149,9 +150,9 @@ def _autograd_run(outputs, grad_outputs, retain_graph: bool) -> None:
     Python (``_make_grads``), which costs microseconds per tensor on every local run; here the
     gradients are the roots' ``ones_like`` or come from autograd on the other side of a send
     edge, so they already match. This calls the engine entry point that ``backward`` itself
-    ends in (torch-private: ``torch.autograd.graph._engine_run_backward``).
+    ends in (torch-private: ``refimpl._torch_compat.engine_run_backward``).
     """
-    _engine_run_backward(
+    engine_run_backward(
         tuple(outputs),
         tuple(grad_outputs),
         retain_graph,

@@ -29,12 +29,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._C._distributed_rpc import PyRRef
 from torch.distributed import rpc
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
+from .._torch_compat import find_script_function, rref_class
 from .context import _as_current, container, current_context
 from .functions import pack, unpack
+
+PyRRef = rref_class()
 
 
 def _worker_id(to) -> int:
@@ -52,7 +54,7 @@ class _ScriptTarget:
         self.name = name
 
     def resolve(self):
-        fn = torch.jit._state._python_cu.find_function(self.name)
+        fn = find_script_function(self.name)
         if fn is None:
             raise RuntimeError(
                 f"TorchScript function {self.name} is not compiled on this worker: import the "
