@@ -257,7 +257,7 @@ def init_worker(rank: int, world_size: int, store_path: str) -> None:
 
     options = rpc.TensorPipeRpcBackendOptions(
         init_method=f"file://{store_path}",
-        rpc_timeout=60,
+        rpc_timeout=300,  # a loaded machine must not turn a slow RPC into a failure
         num_worker_threads=8,
         _transports=["uv"],
     )
@@ -270,7 +270,13 @@ def _worker(rank, world_size, store_path, args, queue):
     init_worker(rank, world_size, store_path)
     try:
         if rank == 0:
-            queue.put(_driver(args, world_size))
+            try:
+                queue.put(("ok", _driver(args, world_size)))
+            except BaseException:
+                import traceback
+
+                queue.put(("error", traceback.format_exc()))
+                raise
     finally:
         # No timeout: the other workers wait here while worker0 measures (minutes), and a
         # timed-out all-gather would print tracebacks; the parent bounds the run instead.
@@ -301,7 +307,9 @@ def main(argv=None) -> dict:
     for p in procs:
         p.start()
     try:
-        raw = queue.get(timeout=1800)
+        status, raw = queue.get(timeout=3600)
+        if status != "ok":
+            raise SystemExit(f"the benchmark failed on worker0:\n{raw}")
     finally:
         for p in procs:
             p.join(120)
