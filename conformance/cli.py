@@ -14,6 +14,8 @@ from conformance.adapters import registry
 from conformance.failure import EXIT_INFRASTRUCTURE_ONLY, only_infrastructure_errors
 from conformance.validation import UsageError
 
+EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT; pytest's own 2 would read as bad input
+
 
 class OneLineParser(argparse.ArgumentParser):
     """Bad arguments get one line (not the usage block) and exit status 2."""
@@ -31,7 +33,7 @@ mixed_precision (constructor keywords). Opt out explicitly with a class attribut
 Exit status: 0 conformant; 1 a failure (wrong value, raised, crashed, hung) or a strict xfail
 that passed; 2 bad input (one line, before any process starts); 3 no failure, but every
 non-pass is an infrastructure error (pool start, rendezvous, the harness: rerun or fix the
-machine, not the implementation), or pytest itself failed."""
+machine, not the implementation), or pytest itself failed; 130 interrupted (Ctrl-C)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +95,13 @@ def cmd_run(args) -> int:
 
     specs = _validate(args)
     code = pytest.main(pytest_args(args, specs))
+    if code == pytest.ExitCode.USAGE_ERROR:  # pytest rejected an argument after `--` (its own message is above)
+        print("gradparity: error: pytest rejected the arguments after `--` (see the line above); "
+              "see `pytest --help`", file=sys.stderr)
+        return 2
+    if code == pytest.ExitCode.INTERRUPTED:
+        print("gradparity: interrupted: the report lists what ran", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         print("gradparity: no scenario matched the selection; see `gradparity list`", file=sys.stderr)
         return 2
@@ -100,25 +109,41 @@ def cmd_run(args) -> int:
         print("gradparity: no failure, but only infrastructure errors (pool start, rendezvous, harness): "
               f"exit status {EXIT_INFRASTRUCTURE_ONLY}", file=sys.stderr)
         return EXIT_INFRASTRUCTURE_ONLY
+    if code == pytest.ExitCode.OK and _judged(args.report_dir) == 0:
+        # e.g. `-- --setup-only` or `--collect-only`: nothing was run, so nothing was shown to conform
+        print("gradparity: error: no case was run (pytest arguments such as --setup-only or --collect-only "
+              "stop before the cases); use `gradparity list` to see cases", file=sys.stderr)
+        return 2
     return int(code)
 
 
-def _only_infrastructure_errors(report_dir: str) -> bool:
-    """What the run's JSON report says (an unreadable report keeps exit status 1)."""
+def _judged(report_dir: str) -> int:
+    """How many cases the run's JSON report holds (0 when it wrote none)."""
+    report = _report(report_dir)
+    return len(report.get("results", [])) if report else 0
+
+
+def _report(report_dir: str) -> dict | None:
     import json
     from pathlib import Path
 
     from conformance.report import JSON
 
     try:
-        report = json.loads((Path(report_dir) / JSON).read_text())
+        return json.loads((Path(report_dir) / JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return only_infrastructure_errors(report)
+        return None
+
+
+def _only_infrastructure_errors(report_dir: str) -> bool:
+    """What the run's JSON report says (an unreadable report keeps exit status 1)."""
+    report = _report(report_dir)
+    return report is not None and only_infrastructure_errors(report)
 
 
 def cmd_list(args) -> int:
     from rich.console import Console
+    from rich.markup import escape  # "[pytorch/pytorch#N]" is not rich markup: show it
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -128,8 +153,8 @@ def cmd_list(args) -> int:
         table.add_column(col)
     for s in catalogue.select(profile=args.profile, area=args.area):
         about = s.description + (f" [{s.upstream}]" if s.upstream else "")
-        table.add_row(s.id, next(p for p in catalogue.PROFILES if p in s.profiles) + "+",
-                      ", ".join(sorted(c.value for c in s.requires)), s.tolerance.describe(), about)
+        table.add_row(escape(s.id), next(p for p in catalogue.PROFILES if p in s.profiles) + "+",
+                      ", ".join(sorted(c.value for c in s.requires)), escape(s.tolerance.describe()), escape(about))
     console.print(table)
     adapters = Table(title="adapters")
     for col in ("name", "area", "version", "capabilities"):

@@ -42,6 +42,7 @@ from conformance.adapters import registry
 from conformance.failure import Classified, FailureClass
 from conformance.pipeline import Case, CaseResult, PoolExecutor, run_case
 from conformance.plan import Selection, plan_cases
+from conformance.report import start_run
 from conformance.report.record import one_line
 
 SCHEMA = "gradparity.zoo/2"
@@ -246,23 +247,30 @@ def _detection_html(doc: dict) -> str:
             + _clause_html(doc))
 
 
+ZOO_FILES = ("zoo.json", "zoo.html")
+
+
+def _write_text(path: str, text: str) -> str:
+    """UTF-8 whatever the locale (the page holds ✓), through a rename: a reader never sees half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path
+
+
 def write_reports(report_dir: str, doc: dict, results: list[dict], specs: list[str]) -> dict[str, str]:
     from conformance.report.html import render
     from conformance.report.json_report import build_report
 
     os.makedirs(report_dir, exist_ok=True)
-    report = build_report(results, adapters=specs)
-    report["run"]["profile"] = doc["profile"]
+    report = build_report(results, adapters=specs, profile=doc["profile"])
     doc = doc | {"suite_report": {k: report[k] for k in ("schema", "suite", "environment", "run", "adapters", "summary")},
                  "results": report["results"]}
-    paths = {"json": os.path.join(report_dir, "zoo.json"), "html": os.path.join(report_dir, "zoo.html")}
-    with open(paths["json"], "w") as fh:
-        json.dump(doc, fh, indent=2, default=str)
     page = render(report).replace("<title>gradparity report</title>", "<title>gradparity zoo</title>")
     page = page.replace("<h1>gradparity conformance report</h1>", "<h1>gradparity mutant zoo</h1>" + _detection_html(doc), 1)
-    with open(paths["html"], "w") as fh:
-        fh.write(page)
-    return paths
+    return {"json": _write_text(os.path.join(report_dir, ZOO_FILES[0]), json.dumps(doc, indent=2, default=str)),
+            "html": _write_text(os.path.join(report_dir, ZOO_FILES[1]), page)}
 
 
 def print_table(doc: dict, console=None) -> None:
@@ -312,6 +320,7 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
     specs = controls + [m.spec for m in chosen.values()]
     selection = Selection(adapters=tuple(specs), profile=profile, areas=(area,))
     scenarios = catalogue.select(area=area, profile=profile)
+    start_run(report_dir, ZOO_FILES)  # a zoo run that dies early must not leave the previous verdicts looking current
     t0 = time.perf_counter()
 
     def progress(done, total, r):

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from conformance import options
 from conformance.adapters import registry
+from conformance.cli import OneLineParser
 from conformance.failure import Classified, FailureClass
 from conformance.harness.context import RankContext, Topology, configure_rank_threads
 from conformance.harness.pool import RankFailure, TaskOutcome
@@ -48,7 +49,7 @@ from conformance.validation import UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m conformance.harness.torchrun")
+    p = OneLineParser(prog="python -m conformance.harness.torchrun")
     options.add_to_argparse(p)
     p.add_argument("--area", action="append", default=[], choices=options.AREA_CHOICES, help="only these areas (repeatable)")
     p.add_argument("--timeout", type=float, default=300.0, help="process-group timeout in seconds")

@@ -78,6 +78,27 @@ def test_list_shows_scenarios_and_adapters(capsys):
     assert "ddp/plain/mlp/w2/fp32" in out and "torch-ddp" in out
 
 
+def test_list_shows_upstream_references(capsys):
+    """An upstream reference like "[pytorch/pytorch#128949]" is text, not rich markup to drop."""
+    from conformance.cli import main
+
+    assert main(["list", "--profile", "full", "--area", "ddp"]) == 0
+    assert "pytorch/pytorch#128949" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [(["--bogus-flag"], "pytest rejected the arguments after `--`"), (["--collect-only"], "no case was run")],
+)
+def test_pytest_arguments_that_run_nothing_are_not_a_pass(env, extra, needle):
+    """A flag pytest rejects is bad input (2, our one line last); a run in which no case ran is not a pass."""
+    result = env.run("gradparity", "run", "--adapter", "torch-ddp", "--scenario", "ddp/plain/mlp/w2/fp32",
+                     "--report-dir", "out", "--", *extra, timeout=300)
+    assert result.ret == 2, result.stdout.str()[-2000:]
+    err = [line for line in result.errlines if line.strip()]
+    assert needle in err[-1], err
+
+
 @pytest.mark.slow
 def test_run_writes_reports_and_passes(env):
     result = env.run("gradparity", "run", "--adapter", "torch-ddp", "--scenario", "ddp/plain/mlp/w2/fp32",

@@ -129,3 +129,13 @@ def test_two_agents_rendezvous_like_two_nodes(tmp_path):
     assert len(reports) == 1, reports  # only global rank 0 coordinates and writes
     (result,) = json.loads(reports[0].read_text())["results"]
     assert result["verdict"] == "passed" and result["case"] == "refimpl-ddp|ddp/no-sync/mlp/w2/fp32"
+
+
+@pytest.mark.parametrize("args, needle", [(["--profile", "huge"], "invalid choice: 'huge'"),
+                                          (["--adapter", "nope"], "unknown adapter 'nope'")])
+def test_the_launcher_refuses_bad_input_with_one_line(args, needle):
+    """Before any rendezvous: one line, exit 2 (not argparse's usage block)."""
+    proc = subprocess.run([sys.executable, "-m", "conformance.harness.torchrun", *args],
+                          capture_output=True, text=True, timeout=300)
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(err) == 1 and needle in err[0], proc.stderr
