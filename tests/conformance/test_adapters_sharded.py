@@ -11,25 +11,12 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from conformance.adapters import registry
 from conformance.adapters.protocol import OptimizerSpec, owned
 from conformance.spec import WrapOptions
-
-
-@pytest.fixture(scope="module")
-def world1():
-    if dist.is_initialized():
-        pytest.skip("a default process group already exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_refimpl_sharded_owns_its_optimizer_and_steps_the_users_path(world1):

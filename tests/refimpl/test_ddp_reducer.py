@@ -8,22 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from refimpl import DistributedDataParallel as DDP
 from refimpl.ddp.reducer import ReducerState
-
-
-@pytest.fixture(scope="module")
-def world1():
-    if dist.is_initialized():
-        pytest.skip("a default process group already exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def net():

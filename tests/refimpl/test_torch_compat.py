@@ -13,21 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from refimpl import _torch_compat as compat
-
-
-@pytest.fixture(scope="module")
-def world1():
-    if dist.is_initialized():
-        pytest.skip("a default process group already exists in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_queue_backward_callback_runs_once_when_backward_has_finished():
