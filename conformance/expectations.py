@@ -10,6 +10,15 @@ import os
 
 XFAILS_DIR = os.path.join(os.path.dirname(__file__), "adapters", "xfails")
 
+# A reason that starts with this marker says the failure takes the world with it (a rank aborts
+# or hangs). The warm pool respawns a world, so `gradparity run` runs such a case; a torchrun
+# world cannot be respawned, so the torchrun launcher skips it and says why.
+ENDS_WORLD = "ends-world:"
+
+
+def ends_world(reason: str | None) -> bool:
+    return bool(reason) and reason.lstrip().startswith(ENDS_WORLD)
+
 
 def read_expectations(path: str) -> dict[str, str]:
     """`id  # reason` lines; blank lines and full-line comments are ignored."""

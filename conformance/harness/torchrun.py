@@ -21,7 +21,9 @@ reports after every case, with every case not yet run listed as an `error` that 
 (when the world broke: which case broke it; before that: "the run stopped before this case"),
 so even a rank 0 killed by the torchrun agent leaves a report that accounts for every case.
 Expected failures (the xfail lists) run last, so that a known upstream crash cannot take
-healthy cases with it.
+healthy cases with it; those whose reason is marked `ends-world:` (a rank aborts or hangs) are
+skipped with that reason instead, since the world they would end is the run's only one (the
+warm pool of `gradparity run` respawns a world and runs them).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -40,6 +43,7 @@ import torch.distributed as dist
 from conformance import options
 from conformance.adapters import registry
 from conformance.cli import OneLineParser
+from conformance.expectations import ends_world
 from conformance.failure import Classified, FailureClass
 from conformance.harness.context import RankContext, Topology, configure_rank_threads
 from conformance.harness.pool import RankFailure, TaskOutcome
@@ -111,7 +115,14 @@ def never_ran(case: Case, why: str) -> CaseResult:
 
 
 def _order(cases: list[Case]) -> list[Case]:
-    """Expected failures last (a known crash must not take healthy cases with it); skips first."""
+    """Expected failures last (a known crash must not take healthy cases with it); skips first.
+
+    An expected failure known to end the world is skipped with its reason: running it would
+    turn a known upstream bug into a dead torchrun run (see [Note: a world cannot be respawned]).
+    """
+    cases = [replace(c, skip=f"not run under torchrun: {c.xfail} (a torchrun world cannot be respawned; "
+                             "`gradparity run` runs it)", xfail=None) if not c.skip and ends_world(c.xfail) else c
+             for c in cases]
     return sorted(cases, key=lambda c: (not c.skip, c.xfail is not None))
 
 
@@ -138,8 +149,6 @@ def main(argv: list[str] | None = None) -> int:
 
     box = [None]
     if rank == 0:
-        from dataclasses import replace
-
         plan = make_plan(replace(selection, device=device))
         # Rank areas need scenarios of this world's size; single-process areas run on rank 0.
         cases = _order([c for c in plan.cases if c.area.in_process or c.scenario.world_size == world])

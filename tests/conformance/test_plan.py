@@ -53,3 +53,28 @@ def test_builtin_and_user_lists(tmp_path):
 def test_entries_for_cases_outside_the_selection_are_not_stale():
     plan = make_plan(Selection(adapters=("torch-ddp",), ids=(PLAIN,)))
     assert plan.unmatched == []  # the built-in list names cases of every profile
+
+
+def test_under_torchrun_a_world_ending_expected_failure_is_skipped_with_its_reason():
+    """torch-ddp's #40566 aborts a rank: the pool respawns a world, a torchrun world cannot."""
+    from conformance.harness.torchrun import _order
+
+    ends = "ddp/rank-uses-no-param/branches/w2/fp32"
+    cases = _by_id(_order(plan_cases(Selection(adapters=("torch-ddp",), ids=(PLAIN, UNUSED, ends)))))
+    skipped = cases[f"torch-ddp|{ends}"]
+    assert skipped.xfail is None and "not run under torchrun" in skipped.skip and "40566" in skipped.skip
+    assert cases[f"torch-ddp|{UNUSED}"].xfail and not cases[f"torch-ddp|{UNUSED}"].skip  # still run, last
+    assert list(cases)[-1] == f"torch-ddp|{UNUSED}" and not cases[f"torch-ddp|{PLAIN}"].skip
+
+
+def test_every_builtin_expected_crash_or_hang_is_marked_as_ending_the_world():
+    import glob
+    import os
+    import re
+
+    from conformance.expectations import XFAILS_DIR, ends_world, read_expectations
+
+    for path in glob.glob(os.path.join(XFAILS_DIR, "*.txt")):
+        for case, reason in read_expectations(path).items():
+            if re.search(r"abort|hang|crash", reason, re.I):
+                assert ends_world(reason), f"{case}: mark its reason 'ends-world:' ({os.path.basename(path)})"
