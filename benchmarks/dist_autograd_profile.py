@@ -10,7 +10,13 @@ Alongside, on the same workers and in the same run:
 
 - ``rpc no-op x2 hops``: the messaging floor: an ``async_execution`` no-op on worker1 that
   forwards to worker2 (the shape of the backward's gradient messages, without graph work);
-- ``torch backward``: torch.distributed.autograd's backward of the same chain.
+- ``torch backward``: torch.distributed.autograd's backward of the same chain;
+- ``python-rpc floor``: what any engine written over torch's Python RPC pays at least on this
+  chain: ``4 one-way hops`` (the backward's four gradient messages w0 -> w1 -> w2 -> w1 -> w0 as
+  Python-function RPCs carrying the 32x256 gradient, each hop sending the next before it
+  returns, no graph work) plus ``local compute`` (plain ``torch.autograd.backward`` of the
+  same four layers in one process). Its ratio to torch's backward is the best a Python engine
+  on this transport can show here.
 
 Stages: ``walk`` (finding the leaves and recv nodes), ``autograd`` (torch.autograd.backward of
 the local part, hooks included), ``accumulate`` (own buffers + sum into the context),
@@ -28,6 +34,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -85,6 +92,37 @@ def noop_hop() -> torch.futures.Future:
     return torch.distributed.rpc.rpc_async("worker2", noop_leaf)
 
 
+_HOPS_DONE = threading.Event()
+
+
+def one_way_hop(route: list, grad: torch.Tensor) -> None:
+    """A gradient message with no graph work: send it on along ``route``, or end the walk."""
+    if route:
+        torch.distributed.rpc.rpc_async(route[0], one_way_hop, args=(route[1:], grad))
+    else:
+        _HOPS_DONE.set()
+
+
+def _four_hops(grad: torch.Tensor) -> float:
+    _HOPS_DONE.clear()
+    t0 = time.perf_counter()
+    torch.distributed.rpc.rpc_async(
+        "worker1", one_way_hop, args=(["worker2", "worker1", "worker0"], grad)
+    )
+    _HOPS_DONE.wait()
+    return time.perf_counter() - t0
+
+
+def _local_compute(x: torch.Tensor) -> float:
+    h = x
+    for _ in range(4):
+        h = lat._layer(h)
+    loss = h.sum()
+    t0 = time.perf_counter()
+    torch.autograd.backward([loss])
+    return time.perf_counter() - t0
+
+
 def _driver(repeats: int) -> None:
     from torch.distributed import rpc
 
@@ -97,7 +135,8 @@ def _driver(repeats: int) -> None:
         lat._chain_once("torch", x)
     for r in range(3):
         rpc.rpc_sync(f"worker{r}", reset)
-    whole, torch_whole, floor = [], [], []
+    whole, torch_whole, floor, hops, compute = [], [], [], [], []
+    grad = torch.randn(32, 256)
     for _ in range(repeats):
         whole.append(lat._chain_once("refimpl", x))
         torch_whole.append(lat._chain_once("torch", x))
@@ -105,15 +144,28 @@ def _driver(repeats: int) -> None:
         rpc.rpc_sync("worker1", noop_hop)
         rpc.rpc_sync("worker1", noop_hop)
         floor.append(time.perf_counter() - t0)
+        hops.append(_four_hops(grad))
+        compute.append(_local_compute(x))
     stages: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for r in range(3):
         for stage, (total, calls) in rpc.rpc_sync(f"worker{r}", collect).items():
             stages[stage][0] += total
             stages[stage][1] += calls
     ms = 1e3
-    print(f"refimpl backward median   {statistics.median(whole) * ms:8.3f} ms  (mean {statistics.mean(whole) * ms:.3f})")
+    print(
+        f"refimpl backward median   {statistics.median(whole) * ms:8.3f} ms  (mean {statistics.mean(whole) * ms:.3f})"
+    )
     print(f"torch backward median     {statistics.median(torch_whole) * ms:8.3f} ms")
     print(f"rpc no-op x2 hops median  {statistics.median(floor) * ms:8.3f} ms")
+    hop_ms, compute_ms = statistics.median(hops) * ms, statistics.median(compute) * ms
+    torch_ms = statistics.median(torch_whole) * ms
+    print(f"4 one-way hops median     {hop_ms:8.3f} ms")
+    print(f"local compute median      {compute_ms:8.3f} ms")
+    print(
+        f"python-rpc floor          {hop_ms + compute_ms:8.3f} ms  "
+        f"= {(hop_ms + compute_ms) / torch_ms:.2f}x torch's backward; "
+        f"refimpl {statistics.median(whole) * ms / torch_ms:.2f}x"
+    )
     print(f"{'stage (all workers)':<22}{'ms / backward':>14}{'calls / backward':>18}")
     for stage, (total, calls) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
         print(f"{stage:<22}{total / repeats * ms:>14.3f}{calls / repeats:>18.1f}")

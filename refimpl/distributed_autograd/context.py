@@ -42,6 +42,11 @@ class DistAutogradContext:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Serializes local graph runs of this context on this worker (see engine.py).
     run_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serializes the handling of received gradient messages; while one is run, later ones of
+    # the same pass wait in ``inbox`` ((root, pass id) -> messages) and are run together
+    # (engine.py [Note: merged messages]).
+    receive_lock: threading.Lock = field(default_factory=threading.Lock)
+    inbox: dict = field(default_factory=dict)
     # send id -> (send edge: a torch.autograd.graph.GradientEdge, destination worker id)
     sends: dict[int, tuple[GradientEdge, int]] = field(default_factory=dict)
     grads: dict[torch.Tensor, torch.Tensor] = field(default_factory=dict)

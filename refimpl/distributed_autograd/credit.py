@@ -16,6 +16,16 @@ starts, and every message carries a share of its sender's credit:
 
 Credit is exact (``fractions.Fraction``): the pass is over when the credit returned to the root
 adds up to 1 again. Messages can arrive in any order; no counter can dip to zero early.
+
+[Note: the root's own messages]
+Gradient messages addressed to the root itself (a fan-out's answers, the end of a chain) are
+not run on the RPC thread that receives them: they are queued on the pass's tracker, and the
+thread waiting in ``backward`` runs them once the credit they carry, plus the credit already
+back, adds up to 1. At that moment no other message of the pass can exist (all credit is
+accounted for), so every message that will ever reach the root's part of the graph in this
+wave is in the queue and the nodes they share run once, not once per message. Waiting costs
+nothing: what is still out will either come here (and join the queue) or hand its credit
+back.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import threading
 from fractions import Fraction
 
 FULL = Fraction(1)
+NONE = Fraction(0)
 
 
 def to_wire(credit: Fraction) -> tuple[int, int]:
@@ -39,17 +50,19 @@ def from_wire(wire: tuple[int, int]) -> Fraction:
 class PassTracker:
     """The root's view of one backward pass: credit returned, workers reached, first error."""
 
-    __slots__ = ("credit", "reached", "error", "done", "_lock")
+    __slots__ = ("credit", "reached", "error", "done", "_cond", "_queue", "_queued")
 
     def __init__(self, me: int) -> None:
-        self.credit = Fraction(0)
+        self.credit = NONE
         self.reached: set[int] = {me}
         self.error: tuple[int, str] | None = None
         self.done = threading.Event()
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._queue: list = []  # gradient messages for the root's own send edges
+        self._queued = NONE  # the credit they carry
 
     def returned(self, credit: Fraction, reached, error: tuple[int, str] | None) -> None:
-        with self._lock:
+        with self._cond:
             self.credit += credit
             self.reached.update(reached)
             if error is not None and self.error is None:
@@ -58,6 +71,27 @@ class PassTracker:
             # gradients and then died is reported by its sender too): over 1 is over as well.
             if self.credit >= FULL:
                 self.done.set()
+            self._cond.notify_all()
+
+    def deliver(self, message, credit: Fraction) -> None:
+        """Queue a gradient message for the root's thread ([Note: the root's own messages])."""
+        with self._cond:
+            self._queue.append(message)
+            self._queued += credit
+            self._cond.notify_all()
+
+    def next_work(self) -> list | None:
+        """Wait until the pass is over (``None``) or the queued messages and the credit back
+        add up to all the credit: then return the queued messages (their credit is the
+        caller's to pass on or hand back)."""
+        with self._cond:
+            while True:
+                if self.credit >= FULL:
+                    return None
+                if self._queue and self.credit + self._queued >= FULL:
+                    batch, self._queue, self._queued = self._queue, [], NONE
+                    return batch
+                self._cond.wait()
 
 
 class PassRegistry:
@@ -79,10 +113,15 @@ class PassRegistry:
         with self._lock:
             self._passes.pop(pass_id, None)
 
-    def returned(self, pass_id: int, credit: Fraction, reached, error) -> None:
+    def get(self, pass_id: int) -> PassTracker | None:
+        """The tracker of a running pass; ``None`` once it ended (a late message of a pass
+        that already ended with an error)."""
         with self._lock:
-            tracker = self._passes.get(pass_id)
-        if tracker is not None:  # a late report of a pass that already ended with an error
+            return self._passes.get(pass_id)
+
+    def returned(self, pass_id: int, credit: Fraction, reached, error) -> None:
+        tracker = self.get(pass_id)
+        if tracker is not None:
             tracker.returned(credit, reached, error)
 
 

@@ -20,14 +20,18 @@
 
 [Note: several messages for one worker]
 A worker can receive gradients for its send edges in several messages of one pass (fan-out
-to two workers, a round trip A→B→A after A's root run). Each message triggers one local run from
-the send edges it names; runs of one context are serialized on that worker (``run_lock``)
+to two workers, a round trip A→B→A after A's root run). Each local run starts from the send
+edges its messages name; runs of one context are serialized on that worker (``run_lock``)
 and the graph is kept (``retain_graph=True``) while the pass may still reach it. Gradients are
 linear in the incoming vector, so summing the runs' results is exact math; the cost is that a
-node reachable from send edges named in k different messages executes k times (torch's
-FAST mode executes it once, but must then assume every send function will receive a gradient,
-and hangs when one does not — see torch's ``test_backward_unused_send_function``). Here an
-unused send edge simply never gets a message and the pass completes.
+node reachable from send edges named in k separate runs executes k times. Two rules keep k
+small: messages that arrive while a run is going on are run together, once, when their turn
+comes ([Note: merged messages]); and messages to the root wait until they hold all the
+credit still out, so that a fan-out's answers meet the root's shared nodes in one run
+(credit.py [Note: the root's own messages]). torch's FAST mode always executes such a node
+once, but must then assume every send function will receive a gradient, and hangs when one
+does not (torch's ``test_backward_unused_send_function``). Here an unused send edge simply
+never gets a message and the pass completes.
 
 Errors: a failure on worker N (an exception in its local run, or a message its sender could
 not deliver to it) hands that branch's credit back to the root with ``(N, message)``; the root
@@ -49,7 +53,6 @@ from torch.distributed import rpc
 from .._torch_compat import engine_run_backward, sparse_values
 from . import capture
 from . import credit as credit_mod
-from .capture import leaf_hook
 from .context import DistAutogradContext, container
 from .functions import RecvBackward
 
@@ -183,16 +186,10 @@ def _run_local(
         leaves, nodes, any_recv = _collect_leaves([_start_node(o) for o in outputs])
         if not leaves and not any_recv:
             return {}
-        handles = [
-            node.register_prehook(leaf_hook(leaf))
-            for leaf, node in zip(leaves, nodes, strict=True)
-        ]
-        try:
-            with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
-                _autograd_run(outputs, grad_outputs, retain_graph)
-        finally:
-            for handle in handles:
-                handle.remove()
+        for leaf, node in zip(leaves, nodes, strict=True):
+            capture.hook_leaf(node, leaf)
+        with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
+            _autograd_run(outputs, grad_outputs, retain_graph)
         if cap.leaves:
             grads = _own_buffers(cap.leaves)
             with ctx.lock:
@@ -277,36 +274,83 @@ def _receive_gradients(
     Answers (the sender's delivery check) once the local run is done and its gradients are on
     their way: ``None``, or ``(credit, reached, error)`` when the branch ends here and the
     sender is the root; the pass's end is the root's business (credit.py [Note: credit]).
+    Messages of one pass that arrive while another is being run here are run together, once
+    (see [Note: merged messages]).
     """
     cont = container()
     me = cont.worker_id
-    path = path | {me}
-    share = credit_mod.from_wire(share)
     cont.pass_started(context_id)
     try:
         ctx = cont.retrieve(context_id)
-        with ctx.lock:
-            ctx.known_workers.add(sender)
-            entries = [ctx.sends.get(send_id) for send_id, _ in items]
-        missing = [sid for (sid, _), e in zip(items, entries, strict=True) if e is None]
-        if missing:
-            raise RuntimeError(
-                f"no send edge {missing} in autograd context {context_id}: the graph was "
-                "released by a previous backward(retain_graph=False)"
-            )
-        outbound = _run_local(
-            ctx, [e[0] for e in entries], [g for _, g in items], retain_graph=True
-        )
     except Exception as exc:
         cont.pass_finished(context_id)
-        return _end_of_branch(me, root, sender, pass_id, share, path, (me, f"{exc}"))
+        share = credit_mod.from_wire(share)
+        return _end_of_branch(me, root, sender, pass_id, share, path | {me}, (me, f"{exc}"))
+    with ctx.lock:
+        ctx.known_workers.add(sender)
+    message = (items, credit_mod.from_wire(share), path)
+    if root == me:  # the waiting backward runs it: credit.py [Note: the root's own messages]
+        tracker = credit_mod.registry.get(pass_id)
+        if tracker is not None:
+            tracker.deliver(message, message[1])
+        cont.pass_finished(context_id)
+        return None
+    key = (root, pass_id)
+    with ctx.lock:
+        ctx.inbox.setdefault(key, []).append(message)
+    with ctx.receive_lock:
+        with ctx.lock:
+            batch = ctx.inbox.pop(key, [])
+        if not batch:  # run already, with a message that came before it
+            cont.pass_finished(context_id)
+            return None
+        share, path, outbound, error = _run_messages(ctx, me, batch)
     # Finished here before anything is sent on: once the root has all its credit back, no
     # worker still counts this pass (debug info).
     cont.pass_finished(context_id)
-    if not outbound:
-        return _end_of_branch(me, root, sender, pass_id, share, path, None)
+    if error is not None or not outbound:
+        return _end_of_branch(me, root, sender, pass_id, share, path, error)
     _send_on(ctx, me, root, pass_id, outbound, retain_graph, share, path)
     return None
+
+
+def _run_messages(ctx: DistAutogradContext, me: int, batch):
+    """Run the local part for one or more gradient messages of a pass (caller holds
+    ``ctx.receive_lock``): (their credit, their paths joined with this worker, outbound, error)."""
+    share = sum((credit for _, credit, _ in batch), credit_mod.NONE)
+    path = frozenset({me}).union(*(p for _, _, p in batch))
+    try:
+        edges, grads = _merge_items(ctx, ctx.context_id, [items for items, _, _ in batch])
+        outbound = _run_local(ctx, edges, grads, retain_graph=True)
+    except Exception as exc:
+        return share, path, {}, (me, f"{exc}")
+    return share, path, outbound, None
+
+
+def _merge_items(ctx: DistAutogradContext, context_id: int, messages) -> tuple[list, list]:
+    """The send edges and gradients of one or more messages; gradients for one edge summed.
+
+    [Note: merged messages]
+    When several gradient messages of one pass reach a worker close together (a fan-out's
+    answers), the first starts a local run at once and the others wait for it; when their turn
+    comes, every message that has arrived by then is taken and run as one: the nodes they share
+    execute once, not once per message. Their credit is summed and goes on with the run's
+    messages (credit is additive: credit.py), and their paths are joined.
+    """
+    by_id: dict[int, torch.Tensor] = {}
+    for items in messages:
+        for send_id, grad in items:
+            previous = by_id.get(send_id)
+            by_id[send_id] = grad if previous is None else previous + grad
+    with ctx.lock:
+        entries = {send_id: ctx.sends.get(send_id) for send_id in by_id}
+    missing = [sid for sid, e in entries.items() if e is None]
+    if missing:
+        raise RuntimeError(
+            f"no send edge {missing} in autograd context {context_id}: the graph was "
+            "released by a previous backward(retain_graph=False)"
+        )
+    return [entries[sid][0] for sid in by_id], list(by_id.values())
 
 
 def _end_pass(context_id: int) -> None:
@@ -361,7 +405,13 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
             tracker.returned(credit_mod.FULL, (), (me, f"{exc}"))
         else:
             _send_on(ctx, me, me, pass_id, outbound, retain_graph, credit_mod.FULL, frozenset({me}))
-        tracker.done.wait()
+        while (batch := tracker.next_work()) is not None:
+            with ctx.receive_lock:
+                share, path, outbound, error = _run_messages(ctx, me, batch)
+            if error is not None or not outbound:
+                tracker.returned(share, path, error)
+            else:
+                _send_on(ctx, me, me, pass_id, outbound, retain_graph, share, path)
         if not retain_graph:
             _end_pass_on(ctx, tracker.reached, me)
     finally:

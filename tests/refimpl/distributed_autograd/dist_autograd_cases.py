@@ -95,6 +95,29 @@ def unused_leaf(mode, x, w):
     return call_for(mode)("worker1", ignore_second, (x, w)).sum()
 
 
+class Counted(torch.autograd.Function):
+    """Identity whose backward counts its calls (``COUNTED``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        COUNTED[0] += 1
+        return grad
+
+
+COUNTED = [0]
+
+
+def counted_fan_out(mode, x, w):
+    """worker0 sends h to workers 1 and 2; both answers flow back through ``Counted``."""
+    call = call_for(mode)
+    h = Counted.apply(x * w)
+    return call("worker1", torch.mul, (h, w)).sum() + call("worker2", torch.mul, (h, h)).sum()
+
+
 CASES = [simple, chain, fan_out, sent_twice, round_trip, structures, self_call, unused_leaf]
 
 

@@ -55,3 +55,38 @@ def test_torch_rref_to_here_is_refimpl_aware():
     import refimpl.distributed_autograd.rpc as rpc_mod
 
     assert PyRRef.to_here is rpc_mod._rref_to_here
+
+
+def test_hook_leaf_hooks_a_node_once_for_its_life():
+    t = torch.rand(3, requires_grad=True)
+    a = t * 2
+    node = a.grad_fn.next_functions[0][0]
+    for _ in range(3):  # three runs reach the leaf, through fresh Python wrappers of the node
+        capture.hook_leaf(a.grad_fn.next_functions[0][0], t)
+    for run in range(2):
+        with capture.active(capture.Capture(context_id=7, epoch=0)) as cap:
+            torch.autograd.backward([a.sum()], retain_graph=True)
+        assert torch.equal(cap.leaves[t], torch.full((3,), 2.0)), run
+    assert t.grad is None
+    # the hook stays; outside a run it lets plain autograd accumulate as usual
+    a.sum().backward()
+    assert torch.equal(t.grad, torch.full((3,), 2.0))
+    assert node.metadata[capture._HOOKED] is True
+
+
+def test_merge_items_sums_gradients_for_one_send_edge_and_names_missing_edges():
+    import pytest
+
+    from refimpl.distributed_autograd.context import DistAutogradContext
+    from refimpl.distributed_autograd.engine import _merge_items
+    from refimpl.distributed_autograd.functions import send_edge
+
+    ctx = DistAutogradContext(context_id=5)
+    x = torch.rand(2, requires_grad=True)
+    first, second = ctx.add_send(send_edge(x * 2), 1), ctx.add_send(send_edge(x * 3), 2)
+    edges, grads = _merge_items(
+        ctx, 5, [[(first, torch.ones(2))], [(second, torch.ones(2)), (first, torch.ones(2))]]
+    )
+    assert len(edges) == 2 and [g.tolist() for g in grads] == [[2.0, 2.0], [1.0, 1.0]]
+    with pytest.raises(RuntimeError, match=r"no send edge \[99\] in autograd context 5"):
+        _merge_items(ctx, 5, [[(99, torch.ones(2))]])

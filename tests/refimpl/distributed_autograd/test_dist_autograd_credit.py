@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from fractions import Fraction
 
 from refimpl.distributed_autograd.credit import FULL, PassRegistry, PassTracker, from_wire, to_wire
@@ -42,3 +43,20 @@ def test_credit_travels_as_two_ints():
     wire = to_wire(Fraction(1, 12))
     assert wire == (1, 12) and all(type(v) is int for v in wire)
     assert from_wire(wire) == Fraction(1, 12)
+
+
+def test_the_roots_own_messages_wait_until_they_hold_all_outstanding_credit():
+    tracker = PassTracker(me=0)
+    tracker.deliver("first answer", Fraction(1, 4))
+    tracker.returned(Fraction(1, 4), {3}, None)  # a branch ended at leaves elsewhere
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(tracker.next_work()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive(), "1/2 of the credit is still out: more answers may come"
+    tracker.deliver("second answer", Fraction(1, 2))
+    waiter.join(10)
+    assert got == [["first answer", "second answer"]], "both, in one batch"
+    # the batch's credit is now the caller's: handed back, the pass is over
+    tracker.returned(Fraction(3, 4), {1, 2}, None)
+    assert tracker.next_work() is None and tracker.done.is_set()

@@ -79,6 +79,15 @@ def _check_backward(world_size):
                     expected,
                 )
 
+    # the answers of a fan-out reach the root's shared nodes together: they run once
+    # (credit.py [Note: the root's own messages]), as under torch's engine, not once per answer
+    expected = torch.autograd.grad(cases.counted_fan_out("local", x, w), [x, w])
+    cases.COUNTED[0] = 0
+    with dist_autograd.context() as cid:
+        dist_autograd.backward(cid, [cases.counted_fan_out("refimpl", x, w)])
+        _assert_grads("counted_fan_out", dist_autograd.get_gradients(cid), [x, w], expected)
+    assert cases.COUNTED[0] == 1, f"the shared node ran {cases.COUNTED[0]} times"
+
     # several roots
     x, w = _tensors(100)
     expected = torch.autograd.grad(cases.multi_roots("local", x, w), [x, w])
