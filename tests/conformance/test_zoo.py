@@ -134,6 +134,11 @@ def test_an_area_zoo_runs_end_to_end(tmp_path):
 
 
 # -- the zoo itself ---------------------------------------------------------------------------------
+# Every test reading the quick zoo runs on one xdist worker: a module fixture is built once per
+# worker, and the zoo run is the test suite's longest (two workers each ran it: 2 x 370 s).
+ON_ONE_WORKER = pytest.mark.xdist_group("quick-zoo")
+
+
 @pytest.fixture(scope="module")
 def quick_zoo(tmp_path_factory):
     report_dir = tmp_path_factory.mktemp("zoo")
@@ -142,6 +147,7 @@ def quick_zoo(tmp_path_factory):
 
 
 @pytest.mark.slow
+@ON_ONE_WORKER
 def test_every_mutant_is_caught_on_the_quick_profile(quick_zoo):
     code, doc, _ = quick_zoo
     rows = {row["mutant"]: row for row in doc["table"]}
@@ -154,6 +160,7 @@ def test_every_mutant_is_caught_on_the_quick_profile(quick_zoo):
 
 
 @pytest.mark.slow
+@ON_ONE_WORKER
 @pytest.mark.parametrize("control", ["torch-ddp", zoo.BASE])
 def test_controls_pass(quick_zoo, control):
     _, doc, _ = quick_zoo
@@ -163,6 +170,7 @@ def test_controls_pass(quick_zoo, control):
 
 
 @pytest.mark.slow
+@ON_ONE_WORKER
 def test_refimpl_ddp_passes(quick_zoo):
     """refimpl's DDP is a control too; kept separate so its state reads on its own."""
     _, doc, _ = quick_zoo
@@ -171,6 +179,7 @@ def test_refimpl_ddp_passes(quick_zoo):
 
 
 @pytest.mark.slow
+@ON_ONE_WORKER
 def test_reports_carry_the_detection_table(quick_zoo):
     code, doc, report_dir = quick_zoo
     assert code == (1 if doc["escaped"] or doc["failed_controls"] else 0)
