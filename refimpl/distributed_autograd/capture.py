@@ -12,12 +12,10 @@ frontier has two kinds of nodes, and a pre-hook on each takes the gradient flowi
 
 The run's capture is found through the autograd thread-local state that torch propagates to
 its device threads (``_torch_compat.autograd_tls_stash``), so a hook on another thread's run, or on a
-plain local ``loss.backward()``, leaves the gradient alone. Hooks are registered once per node
-and stay for the node's life: a recv hook when the tensor is received, a leaf hook the first
-time a local run reaches the leaf's ``AccumulateGrad`` (:func:`hook_leaf`; registering and
-removing a hook per run cost about 2 us per leaf on every run). A plain local backward through
-a hooked leaf pays one Python call that returns at once. Several contexts may share a leaf
-concurrently: each run's hook call sees only its own capture.
+plain local ``loss.backward()``, leaves the gradient alone. Leaf hooks are registered for the
+run only (several contexts may share a leaf concurrently: each run's hook sees only its own
+capture, and once one has taken the gradient the others see ``None``); recv hooks are
+registered once, when the tensor is received.
 """
 
 from __future__ import annotations
@@ -80,22 +78,6 @@ def leaf_hook(leaf: torch.Tensor):
         return (None,)
 
     return hook
-
-
-_HOOKED = "refimpl.distributed_autograd.leaf_hook"
-
-
-def hook_leaf(node, leaf: torch.Tensor) -> None:
-    """Give ``leaf``'s ``AccumulateGrad`` node its capture pre-hook, once for the node's life.
-
-    The mark lives in the node's ``metadata`` (kept on the C++ node, whichever Python wrapper
-    reads it). Two runs racing to hook a new node may both register: harmless, since the first
-    hook takes the gradient and the second then sees ``None``.
-    """
-    meta = node.metadata
-    if _HOOKED not in meta:
-        meta[_HOOKED] = True
-        node.register_prehook(leaf_hook(leaf))
 
 
 def recv_hook(context_id: int, epoch: int, origin: int, send_id: int):

@@ -23,9 +23,10 @@ not run on the RPC thread that receives them: they are queued on the pass's trac
 thread waiting in ``backward`` runs them once the credit they carry, plus the credit already
 back, adds up to 1. At that moment no other message of the pass can exist (all credit is
 accounted for), so every message that will ever reach the root's part of the graph in this
-wave is in the queue and the nodes they share run once, not once per message. Waiting costs
-nothing: what is still out will either come here (and join the queue) or hand its credit
-back.
+wave is in the queue and the nodes they share run once, not once per message. The price:
+root-side work that depends on one branch only (a round trip out and back while another
+branch is still running) waits for the slowest branch instead of overlapping with it.
+Measured on the fan-out, running the shared nodes once wins (README, latency).
 """
 
 from __future__ import annotations

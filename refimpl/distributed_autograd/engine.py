@@ -53,6 +53,7 @@ from torch.distributed import rpc
 from .._torch_compat import engine_run_backward, sparse_values
 from . import capture
 from . import credit as credit_mod
+from .capture import leaf_hook
 from .context import DistAutogradContext, container
 from .functions import RecvBackward
 
@@ -186,10 +187,18 @@ def _run_local(
         leaves, nodes, any_recv = _collect_leaves([_start_node(o) for o in outputs])
         if not leaves and not any_recv:
             return {}
-        for leaf, node in zip(leaves, nodes, strict=True):
-            capture.hook_leaf(node, leaf)
-        with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
-            _autograd_run(outputs, grad_outputs, retain_graph)
+        # Registered for this run only, so they run after any pre-hook a user put on the node
+        # (that hook's result is what is captured).
+        handles = [
+            node.register_prehook(leaf_hook(leaf))
+            for leaf, node in zip(leaves, nodes, strict=True)
+        ]
+        try:
+            with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
+                _autograd_run(outputs, grad_outputs, retain_graph)
+        finally:
+            for handle in handles:
+                handle.remove()
         if cap.leaves:
             grads = _own_buffers(cap.leaves)
             with ctx.lock:

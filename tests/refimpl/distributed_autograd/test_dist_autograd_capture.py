@@ -57,21 +57,27 @@ def test_torch_rref_to_here_is_refimpl_aware():
     assert PyRRef.to_here is rpc_mod._rref_to_here
 
 
-def test_hook_leaf_hooks_a_node_once_for_its_life():
+def test_a_users_pre_hook_on_the_leaf_node_runs_before_the_capture():
+    """The capture hook is registered per run: a node pre-hook the user added after an earlier
+    run still sees the gradient, and what it returns is what is captured."""
+    from refimpl.distributed_autograd.context import DistAutogradContext
+    from refimpl.distributed_autograd.engine import _run_local
+
+    ctx = DistAutogradContext(context_id=9)
     t = torch.rand(3, requires_grad=True)
     a = t * 2
-    node = a.grad_fn.next_functions[0][0]
-    for _ in range(3):  # three runs reach the leaf, through fresh Python wrappers of the node
-        capture.hook_leaf(a.grad_fn.next_functions[0][0], t)
-    for run in range(2):
-        with capture.active(capture.Capture(context_id=7, epoch=0)) as cap:
-            torch.autograd.backward([a.sum()], retain_graph=True)
-        assert torch.equal(cap.leaves[t], torch.full((3,), 2.0)), run
+    _run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
+    seen = []
+
+    def times_ten(grad_outputs):
+        seen.append(grad_outputs[0])
+        return (grad_outputs[0] * 10,)
+
+    a.grad_fn.next_functions[0][0].register_prehook(times_ten)
+    _run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
+    assert seen[0] is not None
+    assert torch.equal(ctx.grads[t], torch.full((3,), 2.0 + 20.0))
     assert t.grad is None
-    # the hook stays; outside a run it lets plain autograd accumulate as usual
-    a.sum().backward()
-    assert torch.equal(t.grad, torch.full((3,), 2.0))
-    assert node.metadata[capture._HOOKED] is True
 
 
 def test_merge_items_sums_gradients_for_one_send_edge_and_names_missing_edges():
