@@ -51,13 +51,12 @@ def from_wire(wire: tuple[int, int]) -> Fraction:
 class PassTracker:
     """The root's view of one backward pass: credit returned, workers reached, first error."""
 
-    __slots__ = ("credit", "reached", "error", "done", "_cond", "_queue", "_queued")
+    __slots__ = ("credit", "reached", "error", "_cond", "_queue", "_queued")
 
     def __init__(self, me: int) -> None:
         self.credit = NONE
         self.reached: set[int] = {me}
         self.error: tuple[int, str] | None = None
-        self.done = threading.Event()
         self._cond = threading.Condition()
         self._queue: list = []  # gradient messages for the root's own send edges
         self._queued = NONE  # the credit they carry
@@ -68,11 +67,14 @@ class PassTracker:
             self.reached.update(reached)
             if error is not None and self.error is None:
                 self.error = error
-            # With an error the credit may be counted twice (a worker that forwarded its
-            # gradients and then died is reported by its sender too): over 1 is over as well.
-            if self.credit >= FULL:
-                self.done.set()
             self._cond.notify_all()
+
+    @property
+    def done(self) -> bool:
+        """All the credit is back. With an error the credit may be counted twice (a worker that
+        forwarded its gradients and then died is reported by its sender too): over 1 is over
+        as well."""
+        return self.credit >= FULL
 
     def deliver(self, message, credit: Fraction) -> None:
         """Queue a gradient message for the root's thread ([Note: the root's own messages])."""
@@ -87,7 +89,7 @@ class PassTracker:
         caller's to pass on or hand back)."""
         with self._cond:
             while True:
-                if self.credit >= FULL:
+                if self.done:
                     return None
                 if self._queue and self.credit + self._queued >= FULL:
                     batch, self._queue, self._queued = self._queue, [], NONE

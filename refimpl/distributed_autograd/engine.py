@@ -293,15 +293,16 @@ def _receive_gradients(
         ctx = cont.retrieve(context_id)
     except Exception as exc:
         cont.pass_finished(context_id)
-        share = credit_mod.from_wire(share)
-        return _end_of_branch(me, root, sender, pass_id, share, path | {me}, (me, f"{exc}"))
+        credit = credit_mod.from_wire(share)
+        return _end_of_branch(me, root, sender, pass_id, credit, path | {me}, (me, f"{exc}"))
     with ctx.lock:
         ctx.known_workers.add(sender)
-    message = (items, credit_mod.from_wire(share), path)
+    credit = credit_mod.from_wire(share)
+    message = (items, credit, path)
     if root == me:  # the waiting backward runs it: credit.py [Note: the root's own messages]
         tracker = credit_mod.registry.get(pass_id)
         if tracker is not None:
-            tracker.deliver(message, message[1])
+            tracker.deliver(message, credit)
         cont.pass_finished(context_id)
         return None
     key = (root, pass_id)
@@ -329,14 +330,14 @@ def _run_messages(ctx: DistAutogradContext, me: int, batch):
     share = sum((credit for _, credit, _ in batch), credit_mod.NONE)
     path = frozenset({me}).union(*(p for _, _, p in batch))
     try:
-        edges, grads = _merge_items(ctx, ctx.context_id, [items for items, _, _ in batch])
+        edges, grads = _merge_items(ctx, [items for items, _, _ in batch])
         outbound = _run_local(ctx, edges, grads, retain_graph=True)
     except Exception as exc:
         return share, path, {}, (me, f"{exc}")
     return share, path, outbound, None
 
 
-def _merge_items(ctx: DistAutogradContext, context_id: int, messages) -> tuple[list, list]:
+def _merge_items(ctx: DistAutogradContext, messages) -> tuple[list, list]:
     """The send edges and gradients of one or more messages; gradients for one edge summed.
 
     [Note: merged messages]
@@ -356,7 +357,7 @@ def _merge_items(ctx: DistAutogradContext, context_id: int, messages) -> tuple[l
     missing = [sid for sid, e in entries.items() if e is None]
     if missing:
         raise RuntimeError(
-            f"no send edge {missing} in autograd context {context_id}: the graph was "
+            f"no send edge {missing} in autograd context {ctx.context_id}: the graph was "
             "released by a previous backward(retain_graph=False)"
         )
     return [entries[sid][0] for sid in by_id], list(by_id.values())

@@ -91,8 +91,8 @@ def test_merge_items_sums_gradients_for_one_send_edge_and_names_missing_edges():
     x = torch.rand(2, requires_grad=True)
     first, second = ctx.add_send(send_edge(x * 2), 1), ctx.add_send(send_edge(x * 3), 2)
     edges, grads = _merge_items(
-        ctx, 5, [[(first, torch.ones(2))], [(second, torch.ones(2)), (first, torch.ones(2))]]
+        ctx, [[(first, torch.ones(2))], [(second, torch.ones(2)), (first, torch.ones(2))]]
     )
     assert len(edges) == 2 and [g.tolist() for g in grads] == [[2.0, 2.0], [1.0, 1.0]]
     with pytest.raises(RuntimeError, match=r"no send edge \[99\] in autograd context 5"):
-        _merge_items(ctx, 5, [[(99, torch.ones(2))]])
+        _merge_items(ctx, [[(99, torch.ones(2))]])

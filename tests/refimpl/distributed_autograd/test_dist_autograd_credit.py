@@ -13,9 +13,9 @@ def test_the_pass_is_over_only_when_all_credit_is_back_in_any_order():
     # the root split 1 between two messages; the second branch split again at worker 2
     shares = [Fraction(1, 2), Fraction(1, 4), Fraction(1, 4)]
     for credit, worker in zip(reversed(shares), (3, 2, 1), strict=True):
-        assert not tracker.done.is_set()
+        assert not tracker.done
         tracker.returned(credit, {worker}, None)
-    assert tracker.done.is_set()
+    assert tracker.done
     assert tracker.reached == {0, 1, 2, 3} and tracker.error is None
 
 
@@ -24,7 +24,7 @@ def test_the_first_error_is_kept_and_double_counted_credit_still_ends_the_pass()
     tracker.returned(Fraction(1, 2), {1}, (1, "boom"))
     tracker.returned(Fraction(1, 2), {2}, (2, "later"))
     tracker.returned(Fraction(1, 2), {2}, None)  # reported by the sender and downstream too
-    assert tracker.done.is_set() and tracker.error == (1, "boom")
+    assert tracker.done and tracker.error == (1, "boom")
 
 
 def test_registry_routes_by_pass_id_and_ignores_ended_passes():
@@ -33,10 +33,10 @@ def test_registry_routes_by_pass_id_and_ignores_ended_passes():
     second, other = registry.start(me=0)
     assert first != second
     registry.returned(first, FULL, {1}, None)
-    assert tracker.done.is_set() and not other.done.is_set()
+    assert tracker.done and not other.done
     registry.finish(second)
     registry.returned(second, FULL, {1}, None)  # late: no error, nothing to update
-    assert not other.done.is_set()
+    assert not other.done
 
 
 def test_credit_travels_as_two_ints():
@@ -59,4 +59,4 @@ def test_the_roots_own_messages_wait_until_they_hold_all_outstanding_credit():
     assert got == [["first answer", "second answer"]], "both, in one batch"
     # the batch's credit is now the caller's: handed back, the pass is over
     tracker.returned(Fraction(3, 4), {1, 2}, None)
-    assert tracker.next_work() is None and tracker.done.is_set()
+    assert tracker.next_work() is None and tracker.done
