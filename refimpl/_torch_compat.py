@@ -29,6 +29,7 @@ __all__ = [
     "MODULE_CHILDREN",
     "MODULE_PARAMETERS",
     "composable_fully_shard",
+    "current_rpc_agent",
     "composable_replicate",
     "ddp_mixed_precision",
     "dist_autograd_debug_info",
@@ -99,6 +100,19 @@ def ddp_mixed_precision(reduce_dtype: torch.dtype):
     from torch.nn.parallel.distributed import _MixedPrecision
 
     return _MixedPrecision(reduce_dtype=reduce_dtype)
+
+
+def current_rpc_agent():
+    """The process's RPC agent object (raises ``RuntimeError`` when none is set).
+
+    refimpl's distributed autograd keeps its per-worker state (contexts, the gradient channel)
+    for one agent: when the agent is shut down and another initialized, the state must go with
+    it. ``rpc.get_worker_info()`` tells the worker, not the agent incarnation; only the agent
+    object does.
+    """
+    from torch.distributed.rpc.api import _get_current_rpc_agent
+
+    return _get_current_rpc_agent()
 
 
 def dist_autograd_debug_info() -> dict[str, str]:

@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.autograd.graph import GradientEdge
 
+from .._torch_compat import current_rpc_agent
+from .channel import Channel
+from .channel import enabled as channel_enabled
+
 _WORKER_ID_SHIFT = 48
 _MAX_COUNTER = (1 << _WORKER_ID_SHIFT) - 1
 
@@ -120,12 +124,15 @@ class DistAutogradContext:
 
 
 class ContextContainer:
-    """All contexts of one worker, plus the counters behind the debug info."""
+    """All contexts of one worker (of one RPC agent), the counters behind the debug info, and
+    the worker's end of the gradient channel (channel.py)."""
 
-    def __init__(self, worker_id: int) -> None:
+    def __init__(self, worker_id: int, agent: object = None) -> None:
         if not 0 <= worker_id < (1 << 16):
             raise ValueError(f"worker id must fit in 16 bits, got {worker_id}")
         self.worker_id = worker_id
+        self.agent = agent
+        self._channel: Channel | None = None
         self._lock = threading.Lock()
         self._contexts: dict[int, DistAutogradContext] = {}
         self._counter = itertools.count()
@@ -143,6 +150,20 @@ class ContextContainer:
 
     def max_id(self) -> int:
         return (self.worker_id << _WORKER_ID_SHIFT) | _MAX_COUNTER
+
+    @property
+    def channel(self) -> Channel | None:
+        """This worker's channel, or ``None`` when disabled (``REFIMPL_DIST_AUTOGRAD_CHANNEL``)."""
+        if self._channel is None and channel_enabled():
+            with self._lock:
+                if self._channel is None:
+                    self._channel = Channel(self.worker_id, _peer_channel_address)
+        return self._channel
+
+    def close(self) -> None:
+        """The agent is gone: close the channel (its connections belong to the old agent)."""
+        if self._channel is not None:
+            self._channel.close()
 
     # lookup --------------------------------------------------------------------------------
     def retrieve(self, context_id: int) -> DistAutogradContext:
@@ -198,11 +219,9 @@ _container_instance: ContextContainer | None = None
 _tls = threading.local()
 
 
-def _rpc_worker_id() -> int:
-    from torch.distributed import rpc
-
+def _rpc_agent():
     try:
-        return rpc.get_worker_info().id
+        return current_rpc_agent()
     except RuntimeError as exc:
         raise RuntimeError(
             "refimpl.distributed_autograd needs an initialized RPC agent: call "
@@ -211,13 +230,36 @@ def _rpc_worker_id() -> int:
 
 
 def container() -> ContextContainer:
-    """The container of this process's RPC worker (a new one if the agent was re-initialized)."""
+    """The container of this process's RPC agent (a new one when the agent was replaced)."""
     global _container_instance
-    worker_id = _rpc_worker_id()
+    cont = _container_instance
+    agent = _rpc_agent()
+    if cont is not None and cont.agent is agent:
+        return cont
     with _container_lock:
-        if _container_instance is None or _container_instance.worker_id != worker_id:
-            _container_instance = ContextContainer(worker_id)
+        old = _container_instance
+        if old is None or old.agent is not agent:
+            _container_instance = ContextContainer(agent.get_worker_info().id, agent)
+            if old is not None:
+                old.close()
         return _container_instance
+
+
+def _channel_address() -> tuple[str, int, bytes]:
+    """RPC target: this worker's channel address and token (channel.py [Note: connections])."""
+    channel = container().channel
+    if channel is None:
+        raise RuntimeError(
+            "this worker's distributed autograd channel is disabled "
+            "(REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc): set it alike on every worker"
+        )
+    return channel.address()
+
+
+def _peer_channel_address(dst: int) -> tuple[str, int, bytes]:
+    from torch.distributed import rpc
+
+    return rpc.rpc_sync(dst, _channel_address)
 
 
 def current_context() -> DistAutogradContext | None:
@@ -292,4 +334,3 @@ def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
 
 def _retrieve_context(context_id: int) -> DistAutogradContext:
     return container().retrieve(context_id)
-

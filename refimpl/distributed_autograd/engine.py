@@ -52,6 +52,7 @@ from torch.distributed import rpc
 
 from .._torch_compat import engine_run_backward, sparse_values
 from . import capture
+from . import channel as channel_mod
 from . import credit as credit_mod
 from .capture import leaf_hook
 from .context import DistAutogradContext, container
@@ -190,8 +191,7 @@ def _run_local(
         # Registered for this run only, so they run after any pre-hook a user put on the node
         # (that hook's result is what is captured).
         handles = [
-            node.register_prehook(leaf_hook(leaf))
-            for leaf, node in zip(leaves, nodes, strict=True)
+            node.register_prehook(leaf_hook(leaf)) for leaf, node in zip(leaves, nodes, strict=True)
         ]
         try:
             with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
@@ -217,6 +217,31 @@ def _completed(value) -> torch.futures.Future:
 
 
 # messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----
+def _call(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
+    """Send one engine message to ``dst``: over the channel when it can carry ``tensors``
+    (channel.py [Note: why a channel of its own]), else as an RPC. ``on_done(answer, error)``
+    follows; raises if the message cannot be sent at all."""
+    channel = container().channel
+    if channel is not None and channel_mod.carries(tensors):
+        channel.call(dst, fn, args, on_done)
+        return
+    fut = rpc.rpc_async(dst, fn, args=args)
+    fut.add_done_callback(functools.partial(_rpc_answered, on_done))
+
+
+def _rpc_answered(on_done, fut: torch.futures.Future) -> None:
+    try:
+        answer = fut.wait()
+    except Exception as exc:
+        on_done(None, f"{exc}")
+        return
+    on_done(answer, None)
+
+
+def _ignore_answer(answer, error) -> None:
+    """The answer to a credit return: nothing to do (only the root waits on that credit)."""
+
+
 def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool, share, path):
     """Send a local run's gradients to their origin workers, splitting ``share`` of the credit
     between the messages; a run that sends nothing hands its credit back to the root."""
@@ -228,24 +253,22 @@ def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool
         ctx.known_workers.update(dsts)
     part = share / len(dsts)
     for dst in dsts:
+        items = outbound[dst]
         wire = credit_mod.to_wire(part)
-        args = (root, pass_id, ctx.context_id, me, outbound[dst], retain_graph, wire, path)
+        args = (root, pass_id, ctx.context_id, me, items, retain_graph, wire, path)
+        answered = functools.partial(_delivered, me, root, pass_id, part, path, dst)
         try:
-            fut = rpc.rpc_async(dst, _receive_gradients, args=args)
+            _call(dst, _receive_gradients, args, answered, [grad for _, grad in items])
         except Exception as exc:
             _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
-            continue
-        fut.add_done_callback(functools.partial(_delivered, me, root, pass_id, part, path, dst))
 
 
-def _delivered(me, root, pass_id, part, path, dst, fut: torch.futures.Future) -> None:
+def _delivered(me, root, pass_id, part, path, dst, answer, error: str | None) -> None:
     """A gradient message was answered. A failed delivery (dead worker, timeout) hands that
     message's credit back with the error; an answer carrying credit (the receiver's part ended
     there and this worker is the root) returns it."""
-    try:
-        answer = fut.wait()
-    except Exception as exc:
-        _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
+    if error is not None:
+        _hand_back(me, root, pass_id, part, path | {dst}, (dst, error))
         return
     if answer is not None:
         credit, reached, error = answer
@@ -255,9 +278,12 @@ def _delivered(me, root, pass_id, part, path, dst, fut: torch.futures.Future) ->
 def _hand_back(me: int, root: int, pass_id: int, credit, reached, error) -> None:
     if root == me:
         credit_mod.registry.returned(pass_id, credit, reached, error)
-    else:
-        wire = credit_mod.to_wire(credit)
-        rpc.rpc_async(root, _credit_returned, args=(pass_id, wire, reached, error))
+        return
+    args = (pass_id, credit_mod.to_wire(credit), reached, error)
+    try:
+        _call(root, _credit_returned, args, _ignore_answer)
+    except Exception:
+        pass  # the root is unreachable from here: nobody else could tell it either
 
 
 def _end_of_branch(me: int, root: int, sender: int, pass_id: int, credit, reached, error):

@@ -1,0 +1,419 @@
+"""A direct channel between workers for the backward pass's messages.
+
+[Note: why a channel of its own]
+A distributed backward is a relay of small messages: the 3-worker chain of
+``benchmarks/dist_autograd_latency.py`` has four gradient messages on its critical path. As
+Python-function RPCs through torch's TensorPipe agent each costs about 0.7 ms here: the agent's
+thread hand-offs, the RPC pickler, and a response whose Python future callback competes for
+the cores with the next hop. Over a TCP connection between the same processes, whose reader
+thread runs the handler itself, the same message costs about 0.2 ms, answer included
+(``benchmarks/dist_autograd_profile.py`` prints both). torch's own engine sends these messages
+from C++; this channel is how a Python engine gets close to that.
+
+What travels here: the engine's gradient messages and credit returns whose tensors are all
+dense CPU tensors (:func:`carries`). Everything else stays on torch's RPC agent: sparse
+gradients, CUDA gradients (the agent's device maps apply to them), releases, and every RPC of
+the forward. Set ``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
+
+Connections. One TCP connection per (sender, receiver) pair, opened by the first call: the
+sender asks the receiver for its address and token over RPC, connects and presents the token.
+On the receiver a reader thread per connection runs each call in order and writes the answer
+back on the same connection; on the sender a reader thread hands each answer to its callback.
+
+Address: the channel listens where TensorPipe does: on the interface ``TP_SOCKET_IFNAME`` names,
+else on the address the host name resolves to (TensorPipe's default). A run pinned to loopback
+therefore opens nothing off loopback.
+
+Security: like the RPC agent, which runs pickled Python from its peers, the channel unpickles
+what it receives; a connection must first present a random token that only members of the RPC
+group can fetch (over RPC), or it is closed unread.
+
+Failures: when a connection breaks, its unanswered calls fail with the cause; a call
+unanswered after the RPC timeout (``rpc.get_rpc_timeout()``) fails too. The engine hands the
+credit of a failed call back with the error, as it does for a failed RPC.
+
+Blocking: a handler forwards gradients, so it sends. A send never blocks its caller on a full
+socket: what does not fit is left to the connection's writer thread. Two handlers sending to
+each other over full connections therefore cannot deadlock.
+
+Lifetime: one channel per RPC agent (it lives in the context container, context.py); when the
+agent is replaced (shutdown and init again) the old channel is closed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hmac
+import itertools
+import os
+import pickle
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import torch
+from torch.distributed import rpc
+
+ENV = "REFIMPL_DIST_AUTOGRAD_CHANNEL"
+_TOKEN_BYTES = 16
+_HELLO = struct.Struct("!I")  # the sender's worker id, after the token
+_HEADER = struct.Struct("!QI")  # pickle length, number of out-of-band buffers
+_LENGTH = struct.Struct("!Q")
+
+OnDone = Callable[[object, "str | None"], None]
+
+
+def enabled() -> bool:
+    """Whether the engine may use the channel (``REFIMPL_DIST_AUTOGRAD_CHANNEL`` is not ``rpc``)."""
+    return os.environ.get(ENV, "socket").strip().lower() != "rpc"
+
+
+def carries(tensors) -> bool:
+    """Whether every tensor can travel on the channel: dense and on the CPU."""
+    return all(t.layout == torch.strided and t.device.type == "cpu" for t in tensors)
+
+
+# wire format ------------------------------------------------------------------------------------
+def _rebuild(dtype: torch.dtype, shape: tuple, data) -> torch.Tensor:
+    if not len(data):
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(data, dtype=torch.uint8).view(dtype).view(shape)
+
+
+class _Pickler(pickle.Pickler):
+    """Pickle with the bytes of dense CPU tensors out of band (no copy into the pickle)."""
+
+    def __init__(self, file, buffers: list, keep: list) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffers.append)
+        self._keep = keep
+
+    def reducer_override(self, obj):
+        if type(obj) is not torch.Tensor or not carries((obj,)):
+            return NotImplemented
+        t = obj.detach().contiguous()
+        self._keep.append(t)  # the buffer below borrows its memory until it is written
+        nbytes = t.numel() * t.element_size()
+        raw = (ctypes.c_ubyte * nbytes).from_address(t.data_ptr()) if nbytes else bytearray()
+        return _rebuild, (t.dtype, tuple(t.shape), pickle.PickleBuffer(raw))
+
+
+def encode(obj) -> tuple[list, list]:
+    """``obj`` as a frame: (the pieces to write, in order; the tensors they borrow from)."""
+    import io
+
+    buffers: list = []
+    keep: list = []
+    out = io.BytesIO()
+    _Pickler(out, buffers, keep).dump(obj)
+    body = out.getbuffer()
+    views = [b.raw() for b in buffers]
+    head = _HEADER.pack(len(body), len(views)) + b"".join(_LENGTH.pack(v.nbytes) for v in views)
+    return [memoryview(head), body, *views], keep
+
+
+def _read_exact(rfile, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = rfile.readinto(view[got:])
+        if not k:
+            raise ConnectionError("connection closed by peer (EOF)")
+        got += k
+    return buf
+
+
+def decode(rfile):
+    """Read one frame from a buffered reader and unpickle it."""
+    length, count = _HEADER.unpack(_read_exact(rfile, _HEADER.size))
+    sizes = struct.unpack(f"!{count}Q", _read_exact(rfile, 8 * count)) if count else ()
+    body = _read_exact(rfile, length)
+    buffers = [_read_exact(rfile, n) for n in sizes]
+    return pickle.loads(body, buffers=buffers)
+
+
+# one connection ----------------------------------------------------------------------------------
+def _advance(pieces: list, sent: int) -> list:
+    """The pieces still to write after ``sent`` bytes of them were written."""
+    while pieces and sent >= pieces[0].nbytes:
+        sent -= pieces[0].nbytes
+        pieces = pieces[1:]
+    if sent:
+        pieces = [pieces[0][sent:], *pieces[1:]]
+    return pieces
+
+
+class Connection:
+    """A TCP connection whose writes are ordered and never block the writing thread."""
+
+    def __init__(self, sock: socket.socket, peer: int) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.rfile = sock.makefile("rb", buffering=1 << 16)
+        self.closed: str | None = None  # why, once closed
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._pending: deque = deque()  # (pieces, keep) not yet fully written, in order
+        self._writer: threading.Thread | None = None
+
+    def write(self, frame: tuple[list, list]) -> None:
+        pieces, keep = frame
+        with self._lock:
+            if self.closed is not None:
+                raise ConnectionError(f"connection to worker {self.peer} is closed: {self.closed}")
+            if not self._pending:
+                try:
+                    while pieces:
+                        pieces = _advance(
+                            pieces, self.sock.sendmsg(pieces, [], socket.MSG_DONTWAIT)
+                        )
+                except BlockingIOError:
+                    pass
+                if not pieces:
+                    return
+            self._pending.append((pieces, keep))
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_pending,
+                    name=f"refimpl-channel-writer-{self.peer}",
+                    daemon=True,
+                )
+                self._writer.start()
+            self._ready.notify()
+
+    def _write_pending(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and self.closed is None:
+                    self._ready.wait()
+                if self.closed is not None:
+                    return
+                pieces, _ = self._pending[0]
+            try:
+                while pieces:
+                    pieces = _advance(pieces, self.sock.sendmsg(pieces))
+            except OSError as exc:
+                self.close(f"{exc}")
+                return
+            with self._lock:
+                self._pending.popleft()
+
+    def close(self, why: str) -> None:
+        with self._lock:
+            if self.closed is not None:
+                return
+            self.closed = why
+            self._pending.clear()
+            self._ready.notify_all()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+# the channel --------------------------------------------------------------------------------------
+def listen_address() -> str:
+    """Where TensorPipe listens: ``TP_SOCKET_IFNAME``'s IPv4 address, else the host name's."""
+    ifname = os.environ.get("TP_SOCKET_IFNAME")
+    if ifname:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
+            except OSError as exc:
+                raise RuntimeError(
+                    f"TP_SOCKET_IFNAME={ifname!r} names no interface with an IPv4 address ({exc})"
+                ) from exc
+        return socket.inet_ntoa(packed[20:24])
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class Channel:
+    """This worker's end of the channel: one listener, outgoing connections, pending calls."""
+
+    def __init__(self, me: int, rpc_address: Callable[[int], tuple[str, int, bytes]]) -> None:
+        self.me = me
+        self._rpc_address = rpc_address  # asks a peer for (host, port, token) over RPC
+        self._lock = threading.Lock()
+        self._token = secrets.token_bytes(_TOKEN_BYTES)
+        self._listener: socket.socket | None = None
+        self._out: dict[int, Connection] = {}
+        self._connecting: dict[int, threading.Lock] = {}
+        self._served: list[Connection] = []
+        self._calls: dict[int, tuple[int, OnDone, float]] = {}  # seq -> (peer, on_done, deadline)
+        self._seq = itertools.count()
+        self._watch: threading.Thread | None = None
+        self.closed = False
+
+    # receiving ---------------------------------------------------------------------------------
+    def address(self) -> tuple[str, int, bytes]:
+        """(host, port, token) of this worker's listener, started on the first ask."""
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the distributed autograd channel of this worker is closed")
+            if self._listener is None:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind((listen_address(), 0))
+                listener.listen(64)
+                self._listener = listener
+                _thread(self._accept, "refimpl-channel-accept")
+            host, port = self._listener.getsockname()
+            return host, port, self._token
+
+    def _accept(self) -> None:
+        listener = self._listener
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return  # closed
+            _thread(self._serve, "refimpl-channel-serve", sock)
+
+    def _serve(self, sock: socket.socket) -> None:
+        """Check the token, then run the peer's calls in order, answering each."""
+        _tune(sock)
+        sock.settimeout(30.0)
+        try:
+            hello = sock.recv(_TOKEN_BYTES + _HELLO.size, socket.MSG_WAITALL)
+        except OSError:
+            sock.close()
+            return
+        if len(hello) != _TOKEN_BYTES + _HELLO.size or not hmac.compare_digest(
+            hello[:_TOKEN_BYTES], self._token
+        ):
+            sock.close()
+            return
+        sock.settimeout(None)
+        (peer,) = _HELLO.unpack(hello[_TOKEN_BYTES:])
+        conn = Connection(sock, peer)
+        with self._lock:
+            if self.closed:
+                conn.close("channel closed")
+                return
+            self._served.append(conn)
+        try:
+            while True:
+                seq, fn, args = decode(conn.rfile)
+                try:
+                    answer, error = fn(*args), None
+                except Exception as exc:
+                    answer, error = None, f"{exc}"
+                conn.write(encode((seq, answer, error)))
+        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            conn.close(f"{exc}")
+        finally:
+            with self._lock:
+                if conn in self._served:
+                    self._served.remove(conn)
+
+    # sending -----------------------------------------------------------------------------------
+    def call(self, dst: int, fn, args: tuple, on_done: OnDone) -> None:
+        """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, None)`` or ``on_done(None,
+        error)`` later, on a channel thread. Raises if ``dst`` cannot be reached now."""
+        conn = self._outgoing(dst)
+        seq = next(self._seq)
+        deadline = time.monotonic() + rpc.get_rpc_timeout()
+        with self._lock:
+            self._calls[seq] = (dst, on_done, deadline)
+            if self._watch is None:
+                self._watch = _thread(self._expire, "refimpl-channel-timeouts")
+        try:
+            conn.write(encode((seq, fn, args)))
+        except Exception:
+            with self._lock:
+                self._calls.pop(seq, None)
+            raise
+
+    def _outgoing(self, dst: int) -> Connection:
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the distributed autograd channel of this worker is closed")
+            conn = self._out.get(dst)
+            if conn is not None and conn.closed is None:
+                return conn
+            connecting = self._connecting.setdefault(dst, threading.Lock())
+        with connecting:
+            with self._lock:
+                conn = self._out.get(dst)
+                if conn is not None and conn.closed is None:
+                    return conn
+            host, port, token = self._rpc_address(dst)
+            sock = socket.create_connection((host, port), timeout=30.0)
+            sock.settimeout(None)
+            _tune(sock)
+            sock.sendall(token + _HELLO.pack(self.me))
+            conn = Connection(sock, dst)
+            with self._lock:
+                self._out[dst] = conn
+            _thread(self._read_answers, f"refimpl-channel-answers-{dst}", conn)
+            return conn
+
+    def _read_answers(self, conn: Connection) -> None:
+        try:
+            while True:
+                seq, answer, error = decode(conn.rfile)
+                with self._lock:
+                    call = self._calls.pop(seq, None)
+                if call is not None:
+                    call[1](answer, error)
+        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            why = conn.closed or f"{exc}"
+            conn.close(why)
+            self._fail(
+                lambda peer: peer == conn.peer, f"connection to worker {conn.peer} lost: {why}"
+            )
+
+    def _expire(self) -> None:
+        """Fail calls unanswered past their deadline (the RPC timeout)."""
+        while not self.closed:
+            time.sleep(1.0)
+            now = time.monotonic()
+            with self._lock:
+                late = [seq for seq, (_, _, deadline) in self._calls.items() if deadline < now]
+                calls = [self._calls.pop(seq) for seq in late]
+            for peer, on_done, _ in calls:
+                on_done(None, f"RPC ran for more than set timeout: no answer from worker {peer}")
+
+    def _fail(self, which: Callable[[int], bool], why: str) -> None:
+        with self._lock:
+            seqs = [seq for seq, (peer, _, _) in self._calls.items() if which(peer)]
+            calls = [self._calls.pop(seq) for seq in seqs]
+        for _, on_done, _ in calls:
+            on_done(None, why)
+
+    def close(self) -> None:
+        """Close the listener and every connection; fail the calls still unanswered."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            listener, self._listener = self._listener, None
+            conns = [*self._out.values(), *self._served]
+            self._out.clear()
+        if listener is not None:
+            try:  # wakes the thread blocked in accept()
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            listener.close()
+        for conn in conns:
+            conn.close("channel closed")
+        self._fail(lambda peer: True, "the distributed autograd channel was closed (RPC shutdown)")
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _thread(target, name: str, *args) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
