@@ -18,6 +18,10 @@ Alongside, on the same workers and in the same run:
   same four layers in one process). Its ratio to torch's backward is the best a Python engine
   on this transport can show here.
 
+- ``4 hops on the channel`` / ``channel floor``: the same four messages on refimpl's gradient
+  channel (refimpl/distributed_autograd/channel.py), which refimpl's backward uses: the floor of
+  this engine as built.
+
 Stages: ``walk`` (finding the leaves and recv nodes), ``autograd`` (torch.autograd.backward of
 the local part, hooks included), ``accumulate`` (own buffers + sum into the context),
 ``send on`` (sending a run's gradient messages, or handing its credit back; not waiting), ``end-pass`` (sending
@@ -113,6 +117,32 @@ def _four_hops(grad: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
+def _ignore(answer, error) -> None:
+    pass
+
+
+def channel_hop(route: list, grad: torch.Tensor) -> None:
+    """``one_way_hop`` over refimpl's gradient channel instead of an RPC."""
+    if route:
+        _channel().call(int(route[0][-1]), channel_hop, (route[1:], grad), _ignore)
+    else:
+        _HOPS_DONE.set()
+
+
+def _channel():
+    import importlib
+
+    return importlib.import_module("refimpl.distributed_autograd.context").container().channel
+
+
+def _four_channel_hops(grad: torch.Tensor) -> float:
+    _HOPS_DONE.clear()
+    t0 = time.perf_counter()
+    _channel().call(1, channel_hop, (["worker2", "worker1", "worker0"], grad), _ignore)
+    _HOPS_DONE.wait()
+    return time.perf_counter() - t0
+
+
 def _local_compute(x: torch.Tensor) -> float:
     h = x
     for _ in range(4):
@@ -135,7 +165,7 @@ def _driver(repeats: int) -> None:
         lat._chain_once("torch", x)
     for r in range(3):
         rpc.rpc_sync(f"worker{r}", reset)
-    whole, torch_whole, floor, hops, compute = [], [], [], [], []
+    whole, torch_whole, floor, hops, compute, chops = [], [], [], [], [], []
     grad = torch.randn(32, 256)
     for _ in range(repeats):
         whole.append(lat._chain_once("refimpl", x))
@@ -145,6 +175,7 @@ def _driver(repeats: int) -> None:
         rpc.rpc_sync("worker1", noop_hop)
         floor.append(time.perf_counter() - t0)
         hops.append(_four_hops(grad))
+        chops.append(_four_channel_hops(grad))
         compute.append(_local_compute(x))
     stages: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for r in range(3):
@@ -161,10 +192,16 @@ def _driver(repeats: int) -> None:
     torch_ms = statistics.median(torch_whole) * ms
     print(f"4 one-way hops median     {hop_ms:8.3f} ms")
     print(f"local compute median      {compute_ms:8.3f} ms")
+    chan_ms = statistics.median(chops) * ms
+    print(f"4 hops on the channel     {chan_ms:8.3f} ms  (refimpl's gradient channel, same messages)")
     print(
         f"python-rpc floor          {hop_ms + compute_ms:8.3f} ms  "
         f"= {(hop_ms + compute_ms) / torch_ms:.2f}x torch's backward; "
         f"refimpl {statistics.median(whole) * ms / torch_ms:.2f}x"
+    )
+    print(
+        f"channel floor             {chan_ms + compute_ms:8.3f} ms  "
+        f"= {(chan_ms + compute_ms) / torch_ms:.2f}x torch's backward"
     )
     print(f"{'stage (all workers)':<22}{'ms / backward':>14}{'calls / backward':>18}")
     for stage, (total, calls) in sorted(stages.items(), key=lambda kv: -kv[1][0]):

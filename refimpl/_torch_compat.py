@@ -34,6 +34,7 @@ __all__ = [
     "ddp_mixed_precision",
     "dist_autograd_debug_info",
     "foreach_copy_",
+    "hook_dict",
     "fsdp2_unsharded_grads",
     "fsdp_flat_param",
     "fsdp_unflat_views",
@@ -60,6 +61,18 @@ autograd_tls_has = torch._C._is_key_in_tls
 autograd_tls_get = torch._C._get_obj_in_tls
 autograd_tls_stash = torch._C._stash_obj_in_tls
 autograd_tls_remove = torch._C._remove_obj_from_tls
+
+
+def hook_dict(handle):
+    """The ordered dict of hooks a ``RemovableHandle`` from ``node.register_prehook`` belongs to
+    (``None`` once that dict is gone).
+
+    Autograd runs a node's Python pre-hooks in this dict's order; distributed autograd moves
+    its capture hook to the end so that users' hooks run first. No public API lists or reorders
+    a node's hooks.
+    """
+    return handle.hooks_dict_ref()
+
 
 # ``torch.autograd.backward`` minus its per-tensor Python argument checks: the engine entry
 # point ``backward`` itself ends in (distributed autograd's local runs call it directly).

@@ -12,9 +12,16 @@ frontier has two kinds of nodes, and a pre-hook on each takes the gradient flowi
 
 The run's capture is found through the autograd thread-local state that torch propagates to
 its device threads (``_torch_compat.autograd_tls_stash``), so a hook on another thread's run, or on a
-plain local ``loss.backward()``, leaves the gradient alone. Leaf hooks are registered for the
-run only (several contexts may share a leaf concurrently: each run's hook sees only its own
-capture, and once one has taken the gradient the others see ``None``); recv hooks are
+plain local ``loss.backward()``, leaves the gradient alone (several contexts may share a leaf
+concurrently: each run's hook sees only its own capture).
+
+[Note: the leaf hook stays, and goes last]
+A leaf's capture hook is registered once, on the first run that reaches its node, and kept
+(registering and removing it on every run cost ~8 us per leaf: 0.8 ms per pass with 100
+leaves). A pre-hook a user registers on the node must still run *before* the capture and see
+the gradient, so each run moves the capture hook to the end of the node's pre-hook dict, which
+autograd runs in insertion order (:func:`install_leaf_hook`). Outside a distributed run the kept hook
+returns at once: a plain ``backward`` through the leaf pays one Python call. Recv hooks are
 registered once, when the tensor is received.
 """
 
@@ -27,6 +34,7 @@ from .._torch_compat import (
     autograd_tls_has,
     autograd_tls_remove,
     autograd_tls_stash,
+    hook_dict,
 )
 
 _TLS_KEY = "refimpl.distributed_autograd.capture"
@@ -62,6 +70,24 @@ class active:
 
     def __exit__(self, *exc) -> None:
         autograd_tls_remove(_TLS_KEY)
+
+
+_HANDLE_KEY = "refimpl.distributed_autograd.leaf_hook"
+
+
+def install_leaf_hook(leaf: torch.Tensor, node) -> None:
+    """Make the capture hook of ``leaf`` the last pre-hook of its ``AccumulateGrad`` ``node``
+    (see [Note: the leaf hook stays, and goes last])."""
+    meta = node.metadata
+    handle = meta.get(_HANDLE_KEY)
+    if handle is None:
+        meta[_HANDLE_KEY] = node.register_prehook(leaf_hook(leaf))
+        return
+    hooks = hook_dict(handle)
+    if hooks is not None and next(reversed(hooks)) != handle.id:
+        # Delete and re-insert, not ``move_to_end``: autograd walks the dict with PyDict_Next,
+        # which follows the plain dict's insertion order, not the OrderedDict's links.
+        hooks[handle.id] = hooks.pop(handle.id)
 
 
 def leaf_hook(leaf: torch.Tensor):

@@ -154,7 +154,9 @@ class ContextContainer:
     @property
     def channel(self) -> Channel | None:
         """This worker's channel, or ``None`` when disabled (``REFIMPL_DIST_AUTOGRAD_CHANNEL``)."""
-        if self._channel is None and channel_enabled():
+        if not channel_enabled():
+            return None
+        if self._channel is None:
             with self._lock:
                 if self._channel is None:
                     self._channel = Channel(self.worker_id, _peer_channel_address)

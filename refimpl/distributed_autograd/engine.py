@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 import torch
@@ -54,7 +54,7 @@ from .._torch_compat import engine_run_backward, sparse_values
 from . import capture
 from . import channel as channel_mod
 from . import credit as credit_mod
-from .capture import leaf_hook
+from .capture import install_leaf_hook
 from .context import DistAutogradContext, container
 from .functions import RecvBackward
 
@@ -125,16 +125,15 @@ def _own_buffers(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, 
     a shared one, every gradient whose storage another leaf's gradient also uses is copied;
     an unshared one is kept without a copy.
     """
-    owners: dict[int, int] = {}
-    for grad in grads.values():
-        key = _storage_key(grad)
-        owners[key] = owners.get(key, 0) + 1
+    keys = [_storage_key(grad) for grad in grads.values()] if len(grads) > 1 else [0]
+    owners = Counter(keys)
     out = {}
-    for leaf, grad in grads.items():
-        grad = grad.detach()
+    for (leaf, grad), key in zip(grads.items(), keys, strict=False):
+        if grad.requires_grad:
+            grad = grad.detach()
         if grad.layout == torch.strided and not grad.is_contiguous():
             grad = grad.contiguous()
-        elif owners[_storage_key(grad)] > 1:
+        elif owners[key] > 1:
             grad = grad.clone()
         out[leaf] = grad
     return out
@@ -188,17 +187,11 @@ def _run_local(
         leaves, nodes, any_recv = _collect_leaves([_start_node(o) for o in outputs])
         if not leaves and not any_recv:
             return {}
-        # Registered for this run only, so they run after any pre-hook a user put on the node
-        # (that hook's result is what is captured).
-        handles = [
-            node.register_prehook(leaf_hook(leaf)) for leaf, node in zip(leaves, nodes, strict=True)
-        ]
-        try:
-            with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
-                _autograd_run(outputs, grad_outputs, retain_graph)
-        finally:
-            for handle in handles:
-                handle.remove()
+        # After any pre-hook a user put on the node (capture.py [Note: the leaf hook stays]).
+        for leaf, node in zip(leaves, nodes, strict=True):
+            install_leaf_hook(leaf, node)
+        with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
+            _autograd_run(outputs, grad_outputs, retain_graph)
         if cap.leaves:
             grads = _own_buffers(cap.leaves)
             with ctx.lock:

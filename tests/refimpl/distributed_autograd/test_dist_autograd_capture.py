@@ -58,8 +58,9 @@ def test_torch_rref_to_here_is_refimpl_aware():
 
 
 def test_a_users_pre_hook_on_the_leaf_node_runs_before_the_capture():
-    """The capture hook is registered per run: a node pre-hook the user added after an earlier
-    run still sees the gradient, and what it returns is what is captured."""
+    """The capture hook is kept and goes last on every run: a node pre-hook the user added after
+    an earlier run still sees the gradient, what it returns is what is captured, and the node
+    carries one capture hook however many runs reached it."""
     from refimpl.distributed_autograd.context import DistAutogradContext
     from refimpl.distributed_autograd.engine import _run_local
 
@@ -73,11 +74,13 @@ def test_a_users_pre_hook_on_the_leaf_node_runs_before_the_capture():
         seen.append(grad_outputs[0])
         return (grad_outputs[0] * 10,)
 
-    a.grad_fn.next_functions[0][0].register_prehook(times_ten)
+    user = a.grad_fn.next_functions[0][0].register_prehook(times_ten)
     _run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
     assert seen[0] is not None
     assert torch.equal(ctx.grads[t], torch.full((3,), 2.0 + 20.0))
     assert t.grad is None
+    _run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
+    assert len(user.hooks_dict_ref()) == 2, "one capture hook and the user's"
 
 
 def test_merge_items_sums_gradients_for_one_send_edge_and_names_missing_edges():

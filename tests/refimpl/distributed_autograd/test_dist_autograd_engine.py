@@ -234,3 +234,53 @@ def _check_errors(world_size):
 @pytest.mark.slow
 def test_errors_and_cleanup(rpc_world):
     rpc_world.run(_check_errors)
+
+
+# ---------------------------------------------------------------------------------------------
+def _set_channel(mode: str) -> None:
+    import os
+
+    from refimpl.distributed_autograd import channel
+
+    os.environ[channel.ENV] = mode
+
+
+def _channel_calls() -> int:
+    import importlib
+
+    cont = importlib.import_module("refimpl.distributed_autograd.context").container()
+    return 0 if cont._channel is None else cont._channel.calls_sent
+
+
+def _check_both_transports(world_size):
+    """Every composition gives local autograd's gradients with the messages on the channel and
+    with them on RPC (``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc``); each setting takes its path."""
+    import refimpl.distributed_autograd as dist_autograd
+
+    workers = [worker_name(r) for r in range(world_size)]
+    try:
+        for mode in ("rpc", "socket"):
+            for w in workers:
+                dist_autograd.rpc_sync(w, _set_channel, args=(mode,))
+            before = sum(dist_autograd.rpc_sync(w, _channel_calls) for w in workers)
+            for seed, case in enumerate(cases.CASES):
+                x, w = _tensors(seed)
+                expected = torch.autograd.grad(case("local", x, w), [x, w], allow_unused=True)
+                with dist_autograd.context() as cid:
+                    dist_autograd.backward(cid, [case("refimpl", x, w)])
+                    got = dist_autograd.get_gradients(cid)
+                    _assert_grads(f"{case.__name__}/{mode}", got, [x, w], expected)
+            sent = sum(dist_autograd.rpc_sync(w, _channel_calls) for w in workers) - before
+            if mode == "rpc":
+                assert sent == 0, f"{sent} messages went over the channel it was switched off"
+            else:
+                assert sent >= len(cases.CASES), f"only {sent} messages used the channel"
+    finally:
+        for w in workers:
+            dist_autograd.rpc_sync(w, _set_channel, args=("socket",))
+    _assert_nothing_left(world_size)
+
+
+@pytest.mark.slow
+def test_backward_over_the_channel_and_over_rpc(rpc_world):
+    rpc_world.run(_check_both_transports)

@@ -1,4 +1,5 @@
-"""The slow tests' RPC world listens on loopback only (conformance/harness/network.py)."""
+"""The slow tests' RPC world, gradient channel included, listens on loopback only
+(conformance/harness/network.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ import pytest
 from conformance.harness.network import listeners_of
 
 
-def _noop(world_size: int) -> None:
-    """A check that only proves the world answers (RPC is up on every worker)."""
+def _one_backward(world_size: int) -> None:
+    """A chain backward: RPC is up on every worker and the gradient channel listens too."""
+    import torch
+
+    import refimpl.distributed_autograd as dist_autograd
+    from tests.refimpl.distributed_autograd import dist_autograd_cases as cases
+
+    x, w = (torch.randn(3, 3, requires_grad=True) for _ in range(2))
+    with dist_autograd.context() as cid:
+        dist_autograd.backward(cid, [cases.chain("refimpl", x, w)])
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp (Linux)")
 @pytest.mark.slow
 def test_rpc_world_listens_on_loopback_only(rpc_world):
-    rpc_world.run(_noop)
+    rpc_world.run(_one_backward)
     listeners = listeners_of([p.pid for p in rpc_world.procs])
     assert listeners, "TensorPipe listens somewhere: finding no socket means the check is blind"
     wide = [str(s) for s in listeners if not s.loopback]
     assert not wide, f"RPC world sockets listening beyond loopback: {wide}"
+    assert len(listeners) > len(rpc_world.procs), "the channel's listeners are missing"

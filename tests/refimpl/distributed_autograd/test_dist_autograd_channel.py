@@ -1,0 +1,199 @@
+"""The direct gradient channel (channel.py): frames, connections, calls, failures. No RPC agent:
+two channels in one process find each other through a stand-in for the RPC address lookup."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from refimpl.distributed_autograd import channel as channel_mod
+from refimpl.distributed_autograd.channel import Channel, Connection, carries, decode, encode
+
+
+def _round_trip(obj):
+    pieces, _keep = encode(obj)
+    return decode(io.BytesIO(b"".join(bytes(p) for p in pieces)))
+
+
+# frames -------------------------------------------------------------------------------------------
+def test_a_frame_carries_every_dense_dtype_and_shape_and_the_rest_by_pickle():
+    tensors = [
+        torch.randn(64),
+        torch.randn(3, 2).t(),  # not contiguous
+        torch.zeros(0, 3, dtype=torch.bfloat16),
+        torch.ones(2, dtype=torch.bfloat16),
+        torch.tensor(True),
+        torch.arange(6, dtype=torch.int64).view(2, 3),
+        torch.randn(4, dtype=torch.float64),
+    ]
+    sparse = torch.randn(3).to_sparse()
+    obj = (7, "x", [(i, t) for i, t in enumerate(tensors)], {"sparse": sparse}, frozenset({1, 2}))
+    out = _round_trip(obj)
+    assert out[:2] == (7, "x") and out[4] == frozenset({1, 2})
+    for (i, sent), (j, got) in zip(obj[2], out[2], strict=True):
+        assert i == j and got.dtype == sent.dtype and got.shape == sent.shape
+        assert torch.equal(got, sent)
+    assert torch.equal(out[3]["sparse"].to_dense(), sparse.to_dense())
+
+
+def test_received_tensors_are_writable_and_independent_of_the_sender():
+    sent = torch.randn(8)
+    got = _round_trip([sent])[0]
+    got.add_(1.0)  # a read-only buffer would warn or fail here
+    assert torch.equal(got, sent + 1.0)
+
+
+def test_many_tensors_of_one_dtype_travel_in_one_buffer():
+    pieces, _ = encode([torch.randn(64) for _ in range(100)] + [torch.randn(2).double()])
+    # header, layout, pickle, then one raw buffer per dtype
+    assert len(pieces) == 3 + 2
+
+
+def test_carries_only_dense_cpu_tensors():
+    assert carries([torch.randn(2), torch.zeros(0)])
+    assert not carries([torch.randn(2), torch.randn(2).to_sparse()])
+    assert not carries([torch.randn(2, device="meta")])
+
+
+# connections --------------------------------------------------------------------------------------
+def test_a_write_to_a_full_connection_returns_and_the_writer_finishes_it_in_order():
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=1)
+    chunks = [bytes([i]) * (1 << 20) for i in range(8)]  # 8 MiB: far over the socket buffers
+    writing = threading.Thread(
+        target=lambda: [conn.write(([memoryview(c)], [])) for c in chunks], daemon=True
+    )
+    writing.start()
+    writing.join(30)
+    assert not writing.is_alive(), "write blocked on a peer that does not read"
+    received = bytearray()
+    while len(received) < 8 << 20:
+        received += b.recv(1 << 20)
+    assert bytes(received) == b"".join(chunks)
+    conn.close("test over")
+    b.close()
+
+
+def test_a_closed_connection_refuses_writes_with_its_cause():
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=3)
+    conn.close("peer went away")
+    with pytest.raises(ConnectionError, match="worker 3 is closed: peer went away"):
+        conn.write(([memoryview(b"x")], []))
+    b.close()
+
+
+# calls ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def pair(monkeypatch):
+    """Two channels (workers 0 and 1) in this process, over loopback."""
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "lo")
+    monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 60.0)
+    channels: dict[int, Channel] = {}
+    for me in (0, 1):
+        channels[me] = Channel(me, lambda dst: channels[dst].address())
+    yield channels
+    for ch in channels.values():
+        ch.close()
+
+
+class _Answers:
+    def __init__(self) -> None:
+        self.got: list = []
+        self.done = threading.Event()
+
+    def __call__(self, answer, error) -> None:
+        self.got.append((answer, error))
+        self.done.set()
+
+    def wait(self):
+        assert self.done.wait(30), "no answer"
+        return self.got[0]
+
+
+def _scale(t: torch.Tensor, k: float) -> torch.Tensor:
+    return t * k
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_call_runs_on_the_peer_and_its_answer_comes_back(pair):
+    answers = _Answers()
+    pair[0].call(1, _scale, (torch.ones(3), 2.0), answers)
+    answer, error = answers.wait()
+    assert error is None and torch.equal(answer, torch.full((3,), 2.0))
+    assert pair[0].calls_sent == 1
+
+
+def test_calls_are_answered_in_both_directions_on_separate_connections(pair):
+    a, b = _Answers(), _Answers()
+    pair[0].call(1, _scale, (torch.ones(1), 3.0), a)
+    pair[1].call(0, _scale, (torch.ones(1), 5.0), b)
+    assert a.wait()[0].item() == 3.0 and b.wait()[0].item() == 5.0
+
+
+def test_an_exception_in_the_call_comes_back_as_its_error(pair):
+    answers = _Answers()
+    pair[0].call(1, _fail, ("no such send edge",), answers)
+    assert answers.wait() == (None, "no such send edge")
+
+
+def test_a_connection_without_the_token_is_closed_unread(pair):
+    host, port, _ = pair[1].address()
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(b"\0" * 20)
+        sock.settimeout(30)
+        assert sock.recv(1) == b"", "the listener must close a connection with a wrong token"
+
+
+def test_unanswered_calls_fail_when_the_peer_closes(pair):
+    answers = _Answers()
+    pair[0].call(1, _sleep, (5.0,), answers)
+    time.sleep(0.2)
+    pair[1].close()
+    answer, error = answers.wait()
+    assert answer is None and "connection to worker 1 lost" in error
+
+
+def test_a_call_unanswered_past_the_rpc_timeout_fails(pair, monkeypatch):
+    monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 0.2)
+    answers = _Answers()
+    pair[0].call(1, _sleep, (5.0,), answers)
+    answer, error = answers.wait()
+    assert answer is None and "RPC ran for more than set timeout" in error
+
+
+def test_a_closed_channel_refuses_calls_and_fails_those_in_flight(pair):
+    answers = _Answers()
+    pair[0].call(1, _sleep, (5.0,), answers)
+    pair[0].close()
+    assert "closed" in answers.wait()[1]
+    with pytest.raises(RuntimeError, match="closed"):
+        pair[0].call(1, _scale, (torch.ones(1), 1.0), _Answers())
+
+
+# address ---------------------------------------------------------------------------------------
+def test_the_channel_listens_on_the_tensorpipe_interface(monkeypatch):
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "lo")
+    assert channel_mod.listen_address() == "127.0.0.1"
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "no-such-if0")
+    with pytest.raises(RuntimeError, match="TP_SOCKET_IFNAME='no-such-if0' names no interface"):
+        channel_mod.listen_address()
+
+
+def test_the_channel_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(channel_mod.ENV, "rpc")
+    assert not channel_mod.enabled()
+    monkeypatch.setenv(channel_mod.ENV, "socket")
+    assert channel_mod.enabled()
