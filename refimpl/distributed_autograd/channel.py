@@ -11,7 +11,7 @@ thread runs the handler itself, the same message costs about 0.2 ms, answer incl
 from C++; this channel is how a Python engine gets close to that.
 
 What travels here: the engine's gradient messages and credit returns whose tensors are all
-dense CPU tensors (:func:`carries`). Everything else stays on torch's RPC agent: sparse
+dense CPU tensors (``frames.carries``; the wire format is frames.py). Everything else stays on torch's RPC agent: sparse
 gradients, CUDA gradients (the agent's device maps apply to them), releases, and every RPC of
 the forward. Set ``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
 
@@ -42,14 +42,9 @@ agent is replaced (shutdown and init again) the old channel is closed.
 
 from __future__ import annotations
 
-import collections
-import copyreg
-import ctypes
 import fcntl
 import hmac
-import io
 import itertools
-import math
 import os
 import pickle
 import secrets
@@ -60,14 +55,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import torch
 from torch.distributed import rpc
+
+from .frames import decode, encode
 
 ENV = "REFIMPL_DIST_AUTOGRAD_CHANNEL"
 _TOKEN_BYTES = 16
 _HELLO = struct.Struct("!I")  # the sender's worker id, after the token
-_HEADER = struct.Struct("!IQI")  # layout length, pickle length, number of raw buffers
-_LENGTH = struct.Struct("!Q")
 
 OnDone = Callable[[object, "str | None"], None]
 
@@ -75,122 +69,6 @@ OnDone = Callable[[object, "str | None"], None]
 def enabled() -> bool:
     """Whether the engine may use the channel (``REFIMPL_DIST_AUTOGRAD_CHANNEL`` is not ``rpc``)."""
     return os.environ.get(ENV, "socket").strip().lower() != "rpc"
-
-
-def carries(tensors) -> bool:
-    """Whether every tensor can travel on the channel: dense and on the CPU."""
-    return all(t.is_cpu and t.layout is torch.strided for t in tensors)
-
-
-# wire format ------------------------------------------------------------------------------------
-def _tensor_slot(index: int) -> torch.Tensor:
-    """Stands in a frame's pickle for the frame's ``index``-th tensor; :class:`_Unpickler`
-    resolves it to the tensor (it is never called)."""
-    raise RuntimeError("a channel frame must be read with channel.decode")
-
-
-def _reduce_tensor(t: torch.Tensor):
-    tensors = _encoding.tensors
-    if not carries((t,)):
-        return t.__reduce_ex__(5)
-    tensors.append(t)
-    return _tensor_slot, (len(tensors) - 1,)
-
-
-_encoding = threading.local()
-
-
-class _Pickler(pickle.Pickler):
-    """Pickle that leaves dense CPU tensors out, as slots into the frame's tensor list (only
-    tensors reach Python: ``dispatch_table``, not ``persistent_id``, which sees every object)."""
-
-    dispatch_table = collections.ChainMap({torch.Tensor: _reduce_tensor}, copyreg.dispatch_table)
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, tensors: list) -> None:
-        super().__init__(file)
-        self._tensors = tensors
-
-    def find_class(self, module, name):
-        if module == __name__ and name == "_tensor_slot":
-            return self._tensors.__getitem__
-        return super().find_class(module, name)
-
-
-def encode(obj) -> tuple[list, list]:
-    """``obj`` as a frame: (the pieces to write, in order; the tensors they borrow from).
-
-    A frame is a header, a pickle, and one raw buffer per dtype holding the bytes of all the
-    frame's dense CPU tensors of that dtype back to back: 100 small gradients cost one copy
-    and one buffer, not 100 pickled tensors (``torch.save`` under the hood: ~100 us each).
-    """
-    tensors: list[torch.Tensor] = []
-    out = io.BytesIO()
-    _encoding.tensors = tensors
-    try:
-        _Pickler(out, protocol=5).dump(obj)
-    finally:
-        _encoding.tensors = None
-    groups: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault(t.dtype, []).append(i)
-    flats, layout = [], []
-    with torch.no_grad():
-        for members in groups.values():
-            parts = [tensors[i].reshape(-1) for i in members]
-            flat = parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
-            offset = 0
-            for i, part in zip(members, parts, strict=True):
-                layout.append((i, len(flats), offset, tuple(tensors[i].shape)))
-                offset += part.numel()
-            flats.append(flat)
-    meta = pickle.dumps(([f.dtype for f in flats], layout), protocol=5)
-    body = out.getbuffer()
-    views = [_bytes_of(f) for f in flats]
-    head = _HEADER.pack(len(meta), len(body), len(views)) + b"".join(
-        _LENGTH.pack(v.nbytes) for v in views
-    )
-    return [memoryview(head), memoryview(meta), body, *views], flats
-
-
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy (the tensor must outlive them)."""
-    nbytes = t.numel() * t.element_size()
-    if not nbytes:
-        return memoryview(b"")
-    return memoryview((ctypes.c_ubyte * nbytes).from_address(t.data_ptr())).cast("B")
-
-
-def _read_exact(rfile, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = rfile.readinto(view[got:])
-        if not k:
-            raise ConnectionError("connection closed by peer (EOF)")
-        got += k
-    return buf
-
-
-def decode(rfile):
-    """Read one frame (see :func:`encode`) from a buffered reader: the object."""
-    meta_len, body_len, count = _HEADER.unpack(_read_exact(rfile, _HEADER.size))
-    sizes = struct.unpack(f"!{count}Q", _read_exact(rfile, 8 * count)) if count else ()
-    dtypes, layout = pickle.loads(_read_exact(rfile, meta_len))
-    body = _read_exact(rfile, body_len)
-    tensors: list = [None] * len(layout)
-    by_group: list[list] = [[] for _ in dtypes]
-    for entry in layout:
-        by_group[entry[1]].append(entry)
-    for dtype, n, entries in zip(dtypes, sizes, by_group, strict=True):
-        data = _read_exact(rfile, n)
-        numels = [math.prod(shape) for _, _, _, shape in entries]
-        flat = torch.frombuffer(data, dtype=dtype) if n else torch.empty(0, dtype=dtype)
-        for (i, _, _, shape), part in zip(entries, flat.split(numels), strict=True):
-            tensors[i] = part if len(shape) == 1 else part.view(shape)
-    return _Unpickler(io.BytesIO(body), tensors).load()
 
 
 # one connection ----------------------------------------------------------------------------------

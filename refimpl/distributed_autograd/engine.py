@@ -51,8 +51,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.distributed import rpc
 
 from .._torch_compat import engine_run_backward, sparse_values
-from . import capture
-from . import channel as channel_mod
+from . import capture, messaging
 from . import credit as credit_mod
 from .capture import install_leaf_hook
 from .context import DistAutogradContext, container
@@ -210,31 +209,6 @@ def _completed(value) -> torch.futures.Future:
 
 
 # messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----
-def _call(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
-    """Send one engine message to ``dst``: over the channel when it can carry ``tensors``
-    (channel.py [Note: why a channel of its own]), else as an RPC. ``on_done(answer, error)``
-    follows; raises if the message cannot be sent at all."""
-    channel = container().channel
-    if channel is not None and channel_mod.carries(tensors):
-        channel.call(dst, fn, args, on_done)
-        return
-    fut = rpc.rpc_async(dst, fn, args=args)
-    fut.add_done_callback(functools.partial(_rpc_answered, on_done))
-
-
-def _rpc_answered(on_done, fut: torch.futures.Future) -> None:
-    try:
-        answer = fut.wait()
-    except Exception as exc:
-        on_done(None, f"{exc}")
-        return
-    on_done(answer, None)
-
-
-def _ignore_answer(answer, error) -> None:
-    """The answer to a credit return: nothing to do (only the root waits on that credit)."""
-
-
 def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool, share, path):
     """Send a local run's gradients to their origin workers, splitting ``share`` of the credit
     between the messages; a run that sends nothing hands its credit back to the root."""
@@ -251,7 +225,7 @@ def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool
         args = (root, pass_id, ctx.context_id, me, items, retain_graph, wire, path)
         answered = functools.partial(_delivered, me, root, pass_id, part, path, dst)
         try:
-            _call(dst, _receive_gradients, args, answered, [grad for _, grad in items])
+            messaging.send(dst, _receive_gradients, args, answered, [grad for _, grad in items])
         except Exception as exc:
             _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
 
@@ -274,7 +248,7 @@ def _hand_back(me: int, root: int, pass_id: int, credit, reached, error) -> None
         return
     args = (pass_id, credit_mod.to_wire(credit), reached, error)
     try:
-        _call(root, _credit_returned, args, _ignore_answer)
+        messaging.send(root, _credit_returned, args, messaging.ignore_answer)
     except Exception:
         pass  # the root is unreachable from here: nobody else could tell it either
 

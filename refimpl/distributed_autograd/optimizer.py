@@ -27,6 +27,7 @@ import weakref
 
 from torch.distributed import rpc
 
+from . import messaging
 from .context import container
 
 
@@ -97,7 +98,7 @@ class DistributedOptimizer:
 
     def step(self, context_id: int) -> None:
         futs = [
-            (owner.id, rpc.rpc_async(owner, _local_step, args=(key, context_id)))
+            (owner.id, messaging.call_async(owner.id, _local_step, (key, context_id)))
             for owner, key in self._steps
         ]
         errors = []

@@ -1,0 +1,56 @@
+"""How the engine and the optimizer send their messages: on the channel, or as RPCs.
+
+A message whose tensors are all dense CPU tensors goes on this worker's gradient channel
+(channel.py [Note: why a channel of its own]); any other message, and every message while the
+channel is switched off (``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc``), is an RPC through torch's
+agent. Either way the sender learns the outcome the same way: ``on_done(answer, None)``, or
+``on_done(None, error)`` when the receiver failed, died or timed out.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.distributed import rpc
+
+from .context import container
+from .frames import carries
+
+
+def send(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
+    """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, error)`` follows on another thread.
+    Raises if the message cannot be sent at all (the worker is unknown or unreachable now)."""
+    channel = container().channel
+    if channel is not None and carries(tensors):
+        channel.call(dst, fn, args, on_done)
+        return
+    fut = rpc.rpc_async(dst, fn, args=args)
+    fut.add_done_callback(functools.partial(_rpc_answered, on_done))
+
+
+def call_async(dst: int, fn, args: tuple) -> torch.futures.Future:
+    """``send`` as a future: its value is the answer; it raises ``RuntimeError(error)``."""
+    fut: torch.futures.Future = torch.futures.Future()
+
+    def done(answer, error) -> None:
+        if error is None:
+            fut.set_result(answer)
+        else:
+            fut.set_exception(RuntimeError(error))
+
+    send(dst, fn, args, done)
+    return fut
+
+
+def ignore_answer(answer, error) -> None:
+    """For messages nobody waits on (a credit return: only the root waits for that credit)."""
+
+
+def _rpc_answered(on_done, fut: torch.futures.Future) -> None:
+    try:
+        answer = fut.wait()
+    except Exception as exc:
+        on_done(None, f"{exc}")
+        return
+    on_done(answer, None)
