@@ -46,12 +46,12 @@ import fcntl
 import hmac
 import itertools
 import os
-import pickle
 import secrets
 import socket
 import struct
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 
@@ -108,6 +108,9 @@ class Connection:
                         )
                 except BlockingIOError:
                     pass
+                except OSError as exc:
+                    self._close_locked(f"{exc}")
+                    raise ConnectionError(f"sending to worker {self.peer} failed: {exc}") from exc
                 if not pieces:
                     return
             self._pending.append((pieces, keep))
@@ -139,11 +142,14 @@ class Connection:
 
     def close(self, why: str) -> None:
         with self._lock:
-            if self.closed is not None:
-                return
-            self.closed = why
-            self._pending.clear()
-            self._ready.notify_all()
+            self._close_locked(why)
+
+    def _close_locked(self, why: str) -> None:
+        if self.closed is not None:
+            return
+        self.closed = why
+        self._pending.clear()
+        self._ready.notify_all()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -241,8 +247,12 @@ class Channel:
                     answer, error = fn(*args), None
                 except Exception as exc:
                     answer, error = None, f"{exc}"
-                conn.write(encode((seq, answer, error)))
-        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                try:
+                    frame = encode((seq, answer, error))
+                except Exception as exc:  # an answer that cannot be pickled
+                    frame = encode((seq, None, f"the answer could not be sent back: {exc}"))
+                conn.write(frame)
+        except Exception as exc:  # the peer left, or sent what cannot be read: drop it
             conn.close(f"{exc}")
         finally:
             with self._lock:
@@ -299,8 +309,8 @@ class Channel:
                 with self._lock:
                     call = self._calls.pop(seq, None)
                 if call is not None:
-                    call[1](answer, error)
-        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                    _run_callback(call[1], answer, error)
+        except Exception as exc:
             why = conn.closed or f"{exc}"
             conn.close(why)
             self._fail(
@@ -316,14 +326,15 @@ class Channel:
                 late = [seq for seq, (_, _, deadline) in self._calls.items() if deadline < now]
                 calls = [self._calls.pop(seq) for seq in late]
             for peer, on_done, _ in calls:
-                on_done(None, f"RPC ran for more than set timeout: no answer from worker {peer}")
+                why = f"RPC ran for more than set timeout: no answer from worker {peer}"
+                _run_callback(on_done, None, why)
 
     def _fail(self, which: Callable[[int], bool], why: str) -> None:
         with self._lock:
             seqs = [seq for seq, (peer, _, _) in self._calls.items() if which(peer)]
             calls = [self._calls.pop(seq) for seq in seqs]
         for _, on_done, _ in calls:
-            on_done(None, why)
+            _run_callback(on_done, None, why)
 
     def close(self) -> None:
         """Close the listener and every connection; fail the calls still unanswered."""
@@ -343,6 +354,15 @@ class Channel:
         for conn in conns:
             conn.close("channel closed")
         self._fail(lambda peer: True, "the distributed autograd channel was closed (RPC shutdown)")
+
+
+def _run_callback(on_done: OnDone, answer, error) -> None:
+    """Run a call's callback on a channel thread; a failing callback must not stop that thread
+    (it would stop reading answers), so its error is reported as a warning."""
+    try:
+        on_done(answer, error)
+    except Exception as exc:
+        warnings.warn(f"a distributed autograd channel callback failed: {exc!r}", stacklevel=2)
 
 
 def _tune(sock: socket.socket) -> None:

@@ -151,3 +151,25 @@ def test_the_channel_can_be_switched_off(monkeypatch):
     assert not channel_mod.enabled()
     monkeypatch.setenv(channel_mod.ENV, "socket")
     assert channel_mod.enabled()
+
+
+def _unpicklable():
+    return threading.Lock()
+
+
+def test_an_answer_that_cannot_be_pickled_comes_back_as_an_error(pair):
+    answers = _Answers()
+    pair[0].call(1, _unpicklable, (), answers)
+    answer, error = answers.wait()
+    assert answer is None and "could not be sent back" in error
+
+
+def test_a_failing_callback_does_not_stop_the_answers(pair):
+    def explode(answer, error):
+        raise RuntimeError("callback bug")
+
+    with pytest.warns(UserWarning, match="callback failed"):
+        pair[0].call(1, _scale, (torch.ones(1), 1.0), explode)
+        later = _Answers()
+        pair[0].call(1, _scale, (torch.ones(1), 4.0), later)
+        assert later.wait()[0].item() == 4.0
