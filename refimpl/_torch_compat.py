@@ -67,9 +67,9 @@ def hook_dict(handle):
     """The ordered dict of hooks a ``RemovableHandle`` from ``node.register_prehook`` belongs to
     (``None`` once that dict is gone).
 
-    Autograd runs a node's Python pre-hooks in this dict's order; distributed autograd moves
-    its capture hook to the end so that users' hooks run first. No public API lists or reorders
-    a node's hooks.
+    Autograd runs a node's Python pre-hooks in this dict's insertion order; distributed
+    autograd checks that its capture hook is last, so that users' hooks run first. No public
+    API lists a node's hooks.
     """
     return handle.hooks_dict_ref()
 

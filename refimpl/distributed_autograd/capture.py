@@ -19,13 +19,16 @@ concurrently: each run's hook sees only its own capture).
 A leaf's capture hook is registered once, on the first run that reaches its node, and kept
 (registering and removing it on every run cost ~8 us per leaf: 0.8 ms per pass with 100
 leaves). A pre-hook a user registers on the node must still run *before* the capture and see
-the gradient, so each run moves the capture hook to the end of the node's pre-hook dict, which
-autograd runs in insertion order (:func:`install_leaf_hook`). Outside a distributed run the kept hook
+the gradient, so a run that finds the capture hook no longer last in the node's pre-hook dict
+(which autograd runs in insertion order) registers it again, last, and removes the old one
+(:func:`install_leaf_hook`). Outside a distributed run the kept hook
 returns at once: a plain ``backward`` through the leaf pays one Python call. Recv hooks are
 registered once, when the tensor is received.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -73,6 +76,7 @@ class active:
 
 
 _HANDLE_KEY = "refimpl.distributed_autograd.leaf_hook"
+_install_lock = threading.Lock()
 
 
 def install_leaf_hook(leaf: torch.Tensor, node) -> None:
@@ -80,14 +84,21 @@ def install_leaf_hook(leaf: torch.Tensor, node) -> None:
     (see [Note: the leaf hook stays, and goes last])."""
     meta = node.metadata
     handle = meta.get(_HANDLE_KEY)
-    if handle is None:
+    if handle is not None:
+        hooks = hook_dict(handle)
+        if hooks is not None and next(reversed(hooks)) == handle.id:
+            return  # the common case, without the lock
+    with _install_lock:  # runs of several contexts may share the leaf (a parameter server)
+        handle = meta.get(_HANDLE_KEY)
+        if handle is not None:
+            hooks = hook_dict(handle)
+            if hooks is not None and next(reversed(hooks)) == handle.id:
+                return
+        # A new registration goes last; the old one is removed only after it, so a backward
+        # running meanwhile on another thread always finds one capture hook.
         meta[_HANDLE_KEY] = node.register_prehook(leaf_hook(leaf))
-        return
-    hooks = hook_dict(handle)
-    if hooks is not None and next(reversed(hooks)) != handle.id:
-        # Delete and re-insert, not ``move_to_end``: autograd walks the dict with PyDict_Next,
-        # which follows the plain dict's insertion order, not the OrderedDict's links.
-        hooks[handle.id] = hooks.pop(handle.id)
+        if handle is not None:
+            handle.remove()
 
 
 def leaf_hook(leaf: torch.Tensor):

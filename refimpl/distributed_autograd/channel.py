@@ -45,6 +45,7 @@ from __future__ import annotations
 import fcntl
 import hmac
 import itertools
+import math
 import os
 import secrets
 import socket
@@ -55,6 +56,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 
+import torch
 from torch.distributed import rpc
 
 from .frames import decode, encode
@@ -138,6 +140,8 @@ class Connection:
                 self.close(f"{exc}")
                 return
             with self._lock:
+                if self.closed is not None:  # close() cleared the queue meanwhile
+                    return
                 self._pending.popleft()
 
     def close(self, why: str) -> None:
@@ -177,16 +181,35 @@ def listen_address() -> str:
 
 
 class Channel:
-    """This worker's end of the channel: one listener, outgoing connections, pending calls."""
+    """This worker's end of the channel: one listener, outgoing connections, pending calls.
 
-    def __init__(self, me: int, rpc_address: Callable[[int], tuple[str, int, bytes]]) -> None:
+    [Note: connecting never blocks a sender]
+    A sender never waits for a connection: the first message to a peer, and any message while
+    its connection is being opened, is sent another way (``call`` returns ``False`` and
+    messaging.py sends it as an RPC). Meanwhile the peer's address is fetched by an
+    asynchronous RPC and the connection opened on a thread of its own. Messages are sent from
+    RPC callbacks and channel threads, where a blocking RPC could stall the agent. A peer that
+    cannot be reached (its channel switched off, a port a firewall closes) is remembered, with
+    a warning, and its messages keep going over RPC.
+    """
+
+    def __init__(
+        self,
+        me: int,
+        rpc_address: Callable[[int], torch.futures.Future],
+        agent: object = None,
+        is_current: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.me = me
-        self._rpc_address = rpc_address  # asks a peer for (host, port, token) over RPC
+        self._rpc_address = rpc_address  # (host, port, token) of a peer, fetched over RPC
+        self._is_current = is_current  # whether this channel's RPC agent is still the process's
+        self.agent = agent
         self._lock = threading.Lock()
         self._token = secrets.token_bytes(_TOKEN_BYTES)
         self._listener: socket.socket | None = None
         self._out: dict[int, Connection] = {}
-        self._connecting: dict[int, threading.Lock] = {}
+        self._connecting: set[int] = set()
+        self.unreachable: dict[int, str] = {}  # peer -> why its messages go over RPC
         self._served: list[Connection] = []
         self._calls: dict[int, tuple[int, OnDone, float]] = {}  # seq -> (peer, on_done, deadline)
         self._seq = itertools.count()
@@ -205,12 +228,11 @@ class Channel:
                 listener.bind((listen_address(), 0))
                 listener.listen(64)
                 self._listener = listener
-                _thread(self._accept, "refimpl-channel-accept")
+                _thread(self._accept, "refimpl-channel-accept", listener)
             host, port = self._listener.getsockname()
             return host, port, self._token
 
-    def _accept(self) -> None:
-        listener = self._listener
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
                 sock, _ = listener.accept()
@@ -221,18 +243,10 @@ class Channel:
     def _serve(self, sock: socket.socket) -> None:
         """Check the token, then run the peer's calls in order, answering each."""
         _tune(sock)
-        sock.settimeout(30.0)
-        try:
-            hello = sock.recv(_TOKEN_BYTES + _HELLO.size, socket.MSG_WAITALL)
-        except OSError:
+        hello = _read_hello(sock)
+        if hello is None or not hmac.compare_digest(hello[:_TOKEN_BYTES], self._token):
             sock.close()
             return
-        if len(hello) != _TOKEN_BYTES + _HELLO.size or not hmac.compare_digest(
-            hello[:_TOKEN_BYTES], self._token
-        ):
-            sock.close()
-            return
-        sock.settimeout(None)
         (peer,) = _HELLO.unpack(hello[_TOKEN_BYTES:])
         conn = Connection(sock, peer)
         with self._lock:
@@ -243,10 +257,13 @@ class Channel:
         try:
             while True:
                 seq, fn, args = decode(conn.rfile)
-                try:
-                    answer, error = fn(*args), None
-                except Exception as exc:
-                    answer, error = None, f"{exc}"
+                if not self._is_current():  # RPC was shut down (and maybe started again) here
+                    answer, error = None, "the worker's RPC agent that this channel served is gone"
+                else:
+                    try:
+                        answer, error = fn(*args), None
+                    except Exception as exc:
+                        answer, error = None, f"{exc}"
                 try:
                     frame = encode((seq, answer, error))
                 except Exception as exc:  # an answer that cannot be pickled
@@ -260,13 +277,17 @@ class Channel:
                     self._served.remove(conn)
 
     # sending -----------------------------------------------------------------------------------
-    def call(self, dst: int, fn, args: tuple, on_done: OnDone) -> None:
+    def call(self, dst: int, fn, args: tuple, on_done: OnDone) -> bool:
         """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, None)`` or ``on_done(None,
-        error)`` later, on a channel thread. Raises if ``dst`` cannot be reached now."""
+        error)`` follows, once, on a channel thread. Returns ``False``, having sent nothing and
+        without calling ``on_done``, when there is no open connection to ``dst`` (one may be
+        opening: [Note: connecting never blocks a sender]); the caller sends another way."""
         conn = self._outgoing(dst)
-        self.calls_sent += 1
+        if conn is None:
+            return False
         seq = next(self._seq)
-        deadline = time.monotonic() + rpc.get_rpc_timeout()
+        timeout = rpc.get_rpc_timeout()
+        deadline = time.monotonic() + timeout if timeout > 0 else math.inf  # 0: no timeout
         with self._lock:
             self._calls[seq] = (dst, on_done, deadline)
             if self._watch is None:
@@ -275,32 +296,61 @@ class Channel:
             conn.write(encode((seq, fn, args)))
         except Exception:
             with self._lock:
-                self._calls.pop(seq, None)
-            raise
+                mine = self._calls.pop(seq, None) is not None
+            # A failed write sent no whole frame. If the connection's reader already failed
+            # this call (it saw the close first), on_done has run: the call is not the caller's.
+            return not mine
+        self.calls_sent += 1
+        return True
 
-    def _outgoing(self, dst: int) -> Connection:
+    def _outgoing(self, dst: int) -> Connection | None:
         with self._lock:
             if self.closed:
-                raise RuntimeError("the distributed autograd channel of this worker is closed")
+                return None
             conn = self._out.get(dst)
             if conn is not None and conn.closed is None:
                 return conn
-            connecting = self._connecting.setdefault(dst, threading.Lock())
-        with connecting:
-            with self._lock:
-                conn = self._out.get(dst)
-                if conn is not None and conn.closed is None:
-                    return conn
-            host, port, token = self._rpc_address(dst)
+            if dst in self.unreachable or dst in self._connecting:
+                return None
+            self._connecting.add(dst)
+        try:
+            fut = self._rpc_address(dst)
+        except Exception as exc:
+            self._unreachable(dst, f"{exc}")
+            return None
+        fut.add_done_callback(lambda f: _thread(self._connect, "refimpl-channel-connect", dst, f))
+        return None
+
+    def _connect(self, dst: int, fut: torch.futures.Future) -> None:
+        try:
+            host, port, token = fut.wait()
             sock = socket.create_connection((host, port), timeout=30.0)
             sock.settimeout(None)
             _tune(sock)
             sock.sendall(token + _HELLO.pack(self.me))
-            conn = Connection(sock, dst)
-            with self._lock:
-                self._out[dst] = conn
-            _thread(self._read_answers, f"refimpl-channel-answers-{dst}", conn)
-            return conn
+        except Exception as exc:
+            self._unreachable(dst, f"{exc}")
+            return
+        conn = Connection(sock, dst)
+        with self._lock:
+            self._connecting.discard(dst)
+            if self.closed:
+                conn.close("channel closed")
+                return
+            self._out[dst] = conn
+        _thread(self._read_answers, f"refimpl-channel-answers-{dst}", conn)
+
+    def _unreachable(self, dst: int, why: str) -> None:
+        with self._lock:
+            self._connecting.discard(dst)
+            if self.closed:
+                return
+            self.unreachable[dst] = why
+        warnings.warn(
+            f"refimpl distributed autograd: no direct channel to worker {dst} ({why}); its "
+            "backward messages go over RPC, which is slower",
+            stacklevel=2,
+        )
 
     def _read_answers(self, conn: Connection) -> None:
         try:
@@ -318,13 +368,18 @@ class Channel:
             )
 
     def _expire(self) -> None:
-        """Fail calls unanswered past their deadline (the RPC timeout)."""
+        """Fail calls unanswered past their deadline (the RPC timeout), and drop the connection
+        to their peer: the next message to it opens a new one."""
         while not self.closed:
             time.sleep(1.0)
             now = time.monotonic()
             with self._lock:
                 late = [seq for seq, (_, _, deadline) in self._calls.items() if deadline < now]
                 calls = [self._calls.pop(seq) for seq in late]
+                stale = [self._out.pop(peer, None) for peer in {peer for peer, _, _ in calls}]
+            for conn in stale:
+                if conn is not None:
+                    conn.close("a call on it timed out")
             for peer, on_done, _ in calls:
                 why = f"RPC ran for more than set timeout: no answer from worker {peer}"
                 _run_callback(on_done, None, why)
@@ -336,8 +391,10 @@ class Channel:
         for _, on_done, _ in calls:
             _run_callback(on_done, None, why)
 
-    def close(self) -> None:
-        """Close the listener and every connection; fail the calls still unanswered."""
+    def close(self, fail_calls: bool = True) -> None:
+        """Close the listener and every connection. Calls still unanswered fail, unless
+        ``fail_calls`` is false: then they are dropped (the RPC agent they belong to is gone,
+        and their callbacks would reach the next agent's world)."""
         with self._lock:
             if self.closed:
                 return
@@ -345,6 +402,8 @@ class Channel:
             listener, self._listener = self._listener, None
             conns = [*self._out.values(), *self._served]
             self._out.clear()
+            if not fail_calls:
+                self._calls.clear()
         if listener is not None:
             try:  # wakes the thread blocked in accept()
                 listener.shutdown(socket.SHUT_RDWR)
@@ -354,6 +413,22 @@ class Channel:
         for conn in conns:
             conn.close("channel closed")
         self._fail(lambda peer: True, "the distributed autograd channel was closed (RPC shutdown)")
+
+
+def _read_hello(sock: socket.socket) -> bytes | None:
+    """The token and worker id a new connection must send first (``None``: not in time)."""
+    sock.settimeout(30.0)
+    hello = b""
+    try:
+        while len(hello) < _TOKEN_BYTES + _HELLO.size:
+            chunk = sock.recv(_TOKEN_BYTES + _HELLO.size - len(hello))
+            if not chunk:
+                return None
+            hello += chunk
+    except OSError:
+        return None
+    sock.settimeout(None)
+    return hello
 
 
 def _run_callback(on_done: OnDone, answer, error) -> None:

@@ -159,13 +159,22 @@ class ContextContainer:
         if self._channel is None:
             with self._lock:
                 if self._channel is None:
-                    self._channel = Channel(self.worker_id, _peer_channel_address)
+                    self._channel = Channel(
+                        self.worker_id, _peer_channel_address, self.agent, self._is_current
+                    )
         return self._channel
 
+    def _is_current(self) -> bool:
+        try:
+            return current_rpc_agent() is self.agent
+        except RuntimeError:  # no agent at all: shut down
+            return False
+
     def close(self) -> None:
-        """The agent is gone: close the channel (its connections belong to the old agent)."""
+        """The agent is gone: close the channel (its connections belong to the old agent). Its
+        unanswered calls are dropped, not failed: their callbacks would reach the new world."""
         if self._channel is not None:
-            self._channel.close()
+            self._channel.close(fail_calls=False)
 
     # lookup --------------------------------------------------------------------------------
     def retrieve(self, context_id: int) -> DistAutogradContext:
@@ -240,28 +249,29 @@ def container() -> ContextContainer:
         return cont
     with _container_lock:
         old = _container_instance
-        if old is None or old.agent is not agent:
-            _container_instance = ContextContainer(agent.get_worker_info().id, agent)
-            if old is not None:
-                old.close()
-        return _container_instance
+        if old is not None and old.agent is agent:
+            return old
+        cont = _container_instance = ContextContainer(agent.get_worker_info().id, agent)
+    if old is not None:
+        old.close()
+    return cont
 
 
 def _channel_address() -> tuple[str, int, bytes]:
-    """RPC target: this worker's channel address and token (channel.py [Note: connections])."""
+    """RPC target: this worker's channel address and token (channel.py)."""
     channel = container().channel
     if channel is None:
         raise RuntimeError(
-            "this worker's distributed autograd channel is disabled "
-            "(REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc): set it alike on every worker"
+            "its channel is switched off (REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc there)"
         )
     return channel.address()
 
 
-def _peer_channel_address(dst: int) -> tuple[str, int, bytes]:
+def _peer_channel_address(dst: int):
+    """A future of worker ``dst``'s channel address (asked over RPC, never waited on here)."""
     from torch.distributed import rpc
 
-    return rpc.rpc_sync(dst, _channel_address)
+    return rpc.rpc_async(dst, _channel_address)
 
 
 def current_context() -> DistAutogradContext | None:

@@ -40,7 +40,8 @@ def _reduce_tensor(t: torch.Tensor):
     tensors = _encoding.tensors
     if not carries((t,)):
         return t.__reduce_ex__(5)
-    tensors.append(t)
+    # The raw bytes below ignore the lazy conjugate / negative bits: materialize them first.
+    tensors.append(t.resolve_conj().resolve_neg())
     return _tensor_slot, (len(tensors) - 1,)
 
 

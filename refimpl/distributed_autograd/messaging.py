@@ -22,9 +22,10 @@ def send(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
     """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, error)`` follows on another thread.
     Raises if the message cannot be sent at all (the worker is unknown or unreachable now)."""
     channel = container().channel
-    if channel is not None and carries(tensors):
-        channel.call(dst, fn, args, on_done)
+    if channel is not None and carries(tensors) and channel.call(dst, fn, args, on_done):
         return
+    # No channel, a tensor it does not carry, or no connection to dst yet (channel.py
+    # [Note: connecting never blocks a sender]).
     fut = rpc.rpc_async(dst, fn, args=args)
     fut.add_done_callback(functools.partial(_rpc_answered, on_done))
 

@@ -43,6 +43,12 @@ def test_a_closed_connection_refuses_writes_with_its_cause():
 
 
 # calls ---------------------------------------------------------------------------------------------
+def _done(value) -> torch.futures.Future:
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
 @pytest.fixture
 def pair(monkeypatch):
     """Two channels (workers 0 and 1) in this process, over loopback."""
@@ -50,10 +56,18 @@ def pair(monkeypatch):
     monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 60.0)
     channels: dict[int, Channel] = {}
     for me in (0, 1):
-        channels[me] = Channel(me, lambda dst: channels[dst].address())
+        channels[me] = Channel(me, lambda dst: _done(channels[dst].address()))
     yield channels
     for ch in channels.values():
         ch.close()
+
+
+def _call(channel: Channel, dst: int, fn, args, on_done) -> None:
+    """``channel.call``, once the connection to ``dst`` is open (the first calls find none)."""
+    deadline = time.monotonic() + 30
+    while not channel.call(dst, fn, args, on_done):
+        assert time.monotonic() < deadline, "the connection never opened"
+        time.sleep(0.01)
 
 
 class _Answers:
@@ -84,7 +98,7 @@ def _sleep(seconds: float) -> None:
 
 def test_a_call_runs_on_the_peer_and_its_answer_comes_back(pair):
     answers = _Answers()
-    pair[0].call(1, _scale, (torch.ones(3), 2.0), answers)
+    _call(pair[0], 1, _scale, (torch.ones(3), 2.0), answers)
     answer, error = answers.wait()
     assert error is None and torch.equal(answer, torch.full((3,), 2.0))
     assert pair[0].calls_sent == 1
@@ -92,14 +106,14 @@ def test_a_call_runs_on_the_peer_and_its_answer_comes_back(pair):
 
 def test_calls_are_answered_in_both_directions_on_separate_connections(pair):
     a, b = _Answers(), _Answers()
-    pair[0].call(1, _scale, (torch.ones(1), 3.0), a)
-    pair[1].call(0, _scale, (torch.ones(1), 5.0), b)
+    _call(pair[0], 1, _scale, (torch.ones(1), 3.0), a)
+    _call(pair[1], 0, _scale, (torch.ones(1), 5.0), b)
     assert a.wait()[0].item() == 3.0 and b.wait()[0].item() == 5.0
 
 
 def test_an_exception_in_the_call_comes_back_as_its_error(pair):
     answers = _Answers()
-    pair[0].call(1, _fail, ("no such send edge",), answers)
+    _call(pair[0], 1, _fail, ("no such send edge",), answers)
     assert answers.wait() == (None, "no such send edge")
 
 
@@ -113,7 +127,7 @@ def test_a_connection_without_the_token_is_closed_unread(pair):
 
 def test_unanswered_calls_fail_when_the_peer_closes(pair):
     answers = _Answers()
-    pair[0].call(1, _sleep, (5.0,), answers)
+    _call(pair[0], 1, _sleep, (5.0,), answers)
     time.sleep(0.2)
     pair[1].close()
     answer, error = answers.wait()
@@ -123,18 +137,17 @@ def test_unanswered_calls_fail_when_the_peer_closes(pair):
 def test_a_call_unanswered_past_the_rpc_timeout_fails(pair, monkeypatch):
     monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 0.2)
     answers = _Answers()
-    pair[0].call(1, _sleep, (5.0,), answers)
+    _call(pair[0], 1, _sleep, (5.0,), answers)
     answer, error = answers.wait()
     assert answer is None and "RPC ran for more than set timeout" in error
 
 
 def test_a_closed_channel_refuses_calls_and_fails_those_in_flight(pair):
     answers = _Answers()
-    pair[0].call(1, _sleep, (5.0,), answers)
+    _call(pair[0], 1, _sleep, (5.0,), answers)
     pair[0].close()
     assert "closed" in answers.wait()[1]
-    with pytest.raises(RuntimeError, match="closed"):
-        pair[0].call(1, _scale, (torch.ones(1), 1.0), _Answers())
+    assert not pair[0].call(1, _scale, (torch.ones(1), 1.0), _Answers()), "sent on a closed one"
 
 
 # address ---------------------------------------------------------------------------------------
@@ -159,7 +172,7 @@ def _unpicklable():
 
 def test_an_answer_that_cannot_be_pickled_comes_back_as_an_error(pair):
     answers = _Answers()
-    pair[0].call(1, _unpicklable, (), answers)
+    _call(pair[0], 1, _unpicklable, (), answers)
     answer, error = answers.wait()
     assert answer is None and "could not be sent back" in error
 
@@ -169,7 +182,56 @@ def test_a_failing_callback_does_not_stop_the_answers(pair):
         raise RuntimeError("callback bug")
 
     with pytest.warns(UserWarning, match="callback failed"):
-        pair[0].call(1, _scale, (torch.ones(1), 1.0), explode)
+        _call(pair[0], 1, _scale, (torch.ones(1), 1.0), explode)
         later = _Answers()
-        pair[0].call(1, _scale, (torch.ones(1), 4.0), later)
+        _call(pair[0], 1, _scale, (torch.ones(1), 4.0), later)
         assert later.wait()[0].item() == 4.0
+
+
+def test_the_first_call_finds_no_connection_and_sends_nothing(pair):
+    answers = _Answers()
+    assert not pair[0].call(1, _scale, (torch.ones(1), 1.0), answers)
+    assert pair[0].calls_sent == 0 and not answers.got
+    _call(pair[0], 1, _scale, (torch.ones(1), 2.0), answers)
+    assert answers.wait()[0].item() == 2.0
+
+
+def test_a_peer_whose_address_cannot_be_had_is_remembered_as_unreachable():
+    def refuse(dst):
+        fut = torch.futures.Future()
+        fut.set_exception(RuntimeError("its channel is switched off"))
+        return fut
+
+    channel = Channel(0, refuse)
+    with pytest.warns(UserWarning, match="no direct channel to worker 1 .its channel is switched"):
+        assert not channel.call(1, _scale, (torch.ones(1), 1.0), _Answers())
+    assert channel.unreachable == {1: "its channel is switched off"}
+    assert not channel.call(1, _scale, (torch.ones(1), 1.0), _Answers())
+    channel.close()
+
+
+def test_a_channel_whose_agent_is_gone_answers_with_an_error(monkeypatch):
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "lo")
+    monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 60.0)
+    channels = {0: Channel(0, lambda dst: _done(channels[dst].address()))}
+    channels[1] = Channel(1, lambda dst: _done(channels[dst].address()), is_current=lambda: False)
+    answers = _Answers()
+    _call(channels[0], 1, _scale, (torch.ones(1), 2.0), answers)
+    assert answers.wait() == (None, "the worker's RPC agent that this channel served is gone")
+    for ch in channels.values():
+        ch.close()
+
+
+def test_an_rpc_timeout_of_zero_means_no_timeout(pair, monkeypatch):
+    monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 0.0)
+    answers = _Answers()
+    _call(pair[0], 1, _sleep, (1.5,), answers)
+    assert answers.wait() == (None, None)
+
+
+def test_closing_without_failing_drops_the_calls_in_flight(pair):
+    answers = _Answers()
+    _call(pair[0], 1, _sleep, (5.0,), answers)
+    pair[0].close(fail_calls=False)
+    time.sleep(0.5)
+    assert not answers.got

@@ -53,3 +53,12 @@ def test_carries_only_dense_cpu_tensors():
     assert not carries([torch.randn(2, device="meta")])
 
 
+
+
+def test_lazy_conjugate_and_negative_views_arrive_as_their_values():
+    z = torch.randn(3, dtype=torch.complex64)
+    conj, neg = z.conj(), z.conj().imag  # conj bit; neg bit on a real view
+    assert conj.is_conj() and neg.is_neg()
+    got_conj, got_neg = _round_trip([conj, neg])
+    assert torch.equal(got_conj, conj.resolve_conj())
+    assert torch.equal(got_neg, neg.resolve_neg())
