@@ -15,8 +15,10 @@ dense CPU tensors (``frames.carries``; the wire format is frames.py). Everything
 gradients, CUDA gradients (the agent's device maps apply to them), releases, and every RPC of
 the forward. Set ``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
 
-Connections. One TCP connection per (sender, receiver) pair, opened by the first call: the
-sender asks the receiver for its address and token over RPC, connects and presents the token.
+Connections. One TCP connection per (sender, receiver) pair, opened in the background after
+the first call (which goes over RPC, as does every call until the connection is open: [Note:
+connecting never blocks a sender]): the sender asks the receiver for its address and token over
+RPC, connects and presents the token.
 On the receiver a reader thread per connection runs each call in order and writes the answer
 back on the same connection; on the sender a reader thread hands each answer to its callback.
 
