@@ -61,7 +61,7 @@ from collections.abc import Callable
 import torch
 from torch.distributed import rpc
 
-from .frames import decode, encode
+from .frames import decode, encode, encode_empty_answer
 
 ENV = "REFIMPL_DIST_AUTOGRAD_CHANNEL"
 _TOKEN_BYTES = 16
@@ -267,7 +267,10 @@ class Channel:
                     except Exception as exc:
                         answer, error = None, f"{exc}"
                 try:
-                    frame = encode((seq, answer, error))
+                    if answer is None and error is None:
+                        frame = encode_empty_answer(seq)
+                    else:
+                        frame = encode((seq, answer, error))
                 except Exception as exc:  # an answer that cannot be pickled
                     frame = encode((seq, None, f"the answer could not be sent back: {exc}"))
                 conn.write(frame)

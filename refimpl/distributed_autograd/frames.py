@@ -117,9 +117,20 @@ def _read_exact(rfile, n: int) -> bytearray:
     return buf
 
 
+_EMPTY_ANSWER = 0xFFFFFFFF  # a header's layout length that marks an empty answer
+
+
+def encode_empty_answer(seq: int) -> tuple[list, list]:
+    """The frame of the answer ``(seq, None, None)``: a header alone (most answers are empty:
+    a gradient message's answer only says it was handled; no pickle to write or read)."""
+    return [memoryview(_HEADER.pack(_EMPTY_ANSWER, seq, 0))], []
+
+
 def decode(rfile):
     """Read one frame (see :func:`encode`) from a buffered reader: the object."""
     meta_len, body_len, count = _HEADER.unpack(_read_exact(rfile, _HEADER.size))
+    if meta_len == _EMPTY_ANSWER:
+        return body_len, None, None
     sizes = struct.unpack(f"!{count}Q", _read_exact(rfile, 8 * count)) if count else ()
     dtypes, layout = pickle.loads(_read_exact(rfile, meta_len))
     body = _read_exact(rfile, body_len)

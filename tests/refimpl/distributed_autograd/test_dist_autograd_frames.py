@@ -6,7 +6,7 @@ import io
 
 import torch
 
-from refimpl.distributed_autograd.frames import carries, decode, encode
+from refimpl.distributed_autograd.frames import carries, decode, encode, encode_empty_answer
 
 
 def _round_trip(obj):
@@ -62,3 +62,11 @@ def test_lazy_conjugate_and_negative_views_arrive_as_their_values():
     got_conj, got_neg = _round_trip([conj, neg])
     assert torch.equal(got_conj, conj.resolve_conj())
     assert torch.equal(got_neg, neg.resolve_neg())
+
+
+def test_an_empty_answer_is_a_header_alone_and_reads_back():
+    pieces, _ = encode_empty_answer(12345)
+    assert len(pieces) == 1 and pieces[0].nbytes == 16
+    stream = io.BytesIO(b"".join(bytes(p) for p in (*pieces, *encode((7, "x", None))[0])))
+    assert decode(stream) == (12345, None, None)
+    assert decode(stream) == (7, "x", None)  # the next frame is read from the right place
