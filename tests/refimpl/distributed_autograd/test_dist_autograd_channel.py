@@ -205,6 +205,10 @@ def test_a_peer_whose_address_cannot_be_had_is_remembered_as_unreachable():
     channel = Channel(0, refuse)
     with pytest.warns(UserWarning, match="no direct channel to worker 1 .its channel is switched"):
         assert not channel.call(1, _scale, (torch.ones(1), 1.0), _Answers())
+        deadline = time.monotonic() + 30  # the connecting thread finds out
+        while not channel.unreachable:
+            assert time.monotonic() < deadline, "the peer was never marked unreachable"
+            time.sleep(0.01)
     assert channel.unreachable == {1: "its channel is switched off"}
     assert not channel.call(1, _scale, (torch.ones(1), 1.0), _Answers())
     channel.close()
