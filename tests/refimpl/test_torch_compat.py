@@ -78,6 +78,51 @@ def test_rref_class_is_the_base_of_rpc_rref_and_has_to_here():
     assert issubclass(rpc.RRef, cls) and callable(cls.to_here)
 
 
+def test_hook_dict_is_the_dict_autograd_runs_pre_hooks_from_in_insertion_order():
+    t = torch.rand(2, requires_grad=True)
+    node = (t * 2).grad_fn.next_functions[0][0]
+    order = []
+    first = node.register_prehook(lambda g: order.append("first"))
+    second = node.register_prehook(lambda g: order.append("second"))
+    hooks = compat.hook_dict(first)
+    assert hooks is compat.hook_dict(second) and list(hooks) == [first.id, second.id]
+    hooks[first.id] = hooks.pop(first.id)  # re-inserted: now last
+    (t * 2).sum().backward()  # through the same AccumulateGrad node
+    assert order == ["second", "first"]
+
+
+_AGENT_CHECK = """
+import sys
+import pytest
+from torch.distributed import rpc
+from refimpl import _torch_compat as compat
+with pytest.raises(RuntimeError):
+    compat.current_rpc_agent()
+options = rpc.TensorPipeRpcBackendOptions(init_method="file://" + sys.argv[1], _transports=["uv"])
+rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=options)
+agent = compat.current_rpc_agent()
+assert agent is compat.current_rpc_agent() and agent.get_worker_info().name == "solo"
+rpc.shutdown()
+with pytest.raises(RuntimeError):
+    compat.current_rpc_agent()
+print("ok")
+"""
+
+
+def test_current_rpc_agent_is_one_object_per_agent_and_raises_without_one(tmp_path):
+    # In a process of its own: initializing RPC here would leave torch's distributed autograd
+    # initialized for the rest of this test process.
+    import os
+    import subprocess
+
+    env = {**os.environ, "TP_SOCKET_IFNAME": "lo"}
+    done = subprocess.run(
+        [sys.executable, "-c", _AGENT_CHECK, str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 def test_find_script_function_by_qualified_name():
     @torch.jit.script
     def plus_one(x: torch.Tensor) -> torch.Tensor:
