@@ -83,22 +83,27 @@ def install_leaf_hook(leaf: torch.Tensor, node) -> None:
     """Make the capture hook of ``leaf`` the last pre-hook of its ``AccumulateGrad`` ``node``
     (see [Note: the leaf hook stays, and goes last])."""
     meta = node.metadata
-    handle = meta.get(_HANDLE_KEY)
-    if handle is not None:
-        hooks = hook_dict(handle)
-        if hooks is not None and next(reversed(hooks)) == handle.id:
-            return  # the common case, without the lock
+    if _is_last(meta.get(_HANDLE_KEY)):
+        return  # the common case, without the lock
     with _install_lock:  # runs of several contexts may share the leaf (a parameter server)
         handle = meta.get(_HANDLE_KEY)
-        if handle is not None:
-            hooks = hook_dict(handle)
-            if hooks is not None and next(reversed(hooks)) == handle.id:
-                return
+        if _is_last(handle):
+            return
         # A new registration goes last; the old one is removed only after it, so a backward
         # running meanwhile on another thread always finds one capture hook.
         meta[_HANDLE_KEY] = node.register_prehook(leaf_hook(leaf))
         if handle is not None:
             handle.remove()
+
+
+def _is_last(handle) -> bool:
+    if handle is None:
+        return False
+    hooks = hook_dict(handle)
+    try:
+        return hooks is not None and next(reversed(hooks)) == handle.id
+    except (RuntimeError, StopIteration):  # changed by another thread meanwhile: look again
+        return False
 
 
 def leaf_hook(leaf: torch.Tensor):

@@ -213,7 +213,8 @@ class Channel:
         self._connecting: set[int] = set()
         self.unreachable: dict[int, str] = {}  # peer -> why its messages go over RPC
         self._served: list[Connection] = []
-        self._calls: dict[int, tuple[int, OnDone, float]] = {}  # seq -> (peer, on_done, deadline)
+        # seq -> (the connection it went on, on_done, deadline)
+        self._calls: dict[int, tuple[Connection, OnDone, float]] = {}
         self._seq = itertools.count()
         self._watch: threading.Thread | None = None
         self.closed = False
@@ -294,7 +295,9 @@ class Channel:
         timeout = rpc.get_rpc_timeout()
         deadline = time.monotonic() + timeout if timeout > 0 else math.inf  # 0: no timeout
         with self._lock:
-            self._calls[seq] = (dst, on_done, deadline)
+            if self.closed:
+                return False
+            self._calls[seq] = (conn, on_done, deadline)
             if self._watch is None:
                 self._watch = _thread(self._expire, "refimpl-channel-timeouts")
         try:
@@ -363,35 +366,47 @@ class Channel:
                 seq, answer, error = decode(conn.rfile)
                 with self._lock:
                     call = self._calls.pop(seq, None)
+                    retired = self._out.get(conn.peer) is not conn and not self._uses(conn)
                 if call is not None:
                     _run_callback(call[1], answer, error)
+                if retired:  # replaced after a timeout, and its last call is answered
+                    conn.close("replaced after a timeout")
+                    return
         except Exception as exc:
             why = conn.closed or f"{exc}"
             conn.close(why)
-            self._fail(
-                lambda peer: peer == conn.peer, f"connection to worker {conn.peer} lost: {why}"
-            )
+            self._fail(lambda c: c is conn, f"connection to worker {conn.peer} lost: {why}")
+
+    def _uses(self, conn: Connection) -> bool:
+        """Whether an unanswered call went on ``conn`` (caller holds the lock)."""
+        return any(c is conn for c, _, _ in self._calls.values())
 
     def _expire(self) -> None:
-        """Fail calls unanswered past their deadline (the RPC timeout), and drop the connection
-        to their peer: the next message to it opens a new one."""
+        """Fail calls unanswered past their deadline (the RPC timeout). Their connection stops
+        taking new calls (the next message to that peer opens a new one) but stays open for the
+        answers of its other calls, which other passes may be waiting for; it is closed once
+        they are all answered (``_read_answers``) or have timed out too."""
         while not self.closed:
             time.sleep(1.0)
             now = time.monotonic()
             with self._lock:
                 late = [seq for seq, (_, _, deadline) in self._calls.items() if deadline < now]
                 calls = [self._calls.pop(seq) for seq in late]
-                stale = [self._out.pop(peer, None) for peer in {peer for peer, _, _ in calls}]
-            for conn in stale:
-                if conn is not None:
-                    conn.close("a call on it timed out")
-            for peer, on_done, _ in calls:
-                why = f"RPC ran for more than set timeout: no answer from worker {peer}"
+                retired = []
+                for conn in {id(c): c for c, _, _ in calls}.values():
+                    if self._out.get(conn.peer) is conn:
+                        del self._out[conn.peer]
+                    if not self._uses(conn):
+                        retired.append(conn)
+            for conn in retired:
+                conn.close("its calls timed out")
+            for conn, on_done, _ in calls:
+                why = f"RPC ran for more than set timeout: no answer from worker {conn.peer}"
                 _run_callback(on_done, None, why)
 
-    def _fail(self, which: Callable[[int], bool], why: str) -> None:
+    def _fail(self, which: Callable[[Connection], bool], why: str) -> None:
         with self._lock:
-            seqs = [seq for seq, (peer, _, _) in self._calls.items() if which(peer)]
+            seqs = [seq for seq, (conn, _, _) in self._calls.items() if which(conn)]
             calls = [self._calls.pop(seq) for seq in seqs]
         for _, on_done, _ in calls:
             _run_callback(on_done, None, why)
@@ -417,7 +432,8 @@ class Channel:
             listener.close()
         for conn in conns:
             conn.close("channel closed")
-        self._fail(lambda peer: True, "the distributed autograd channel was closed (RPC shutdown)")
+        if fail_calls:
+            self._fail(lambda conn: True, "the distributed autograd channel was closed")
 
 
 def _read_hello(sock: socket.socket) -> bytes | None:

@@ -133,6 +133,7 @@ class ContextContainer:
         self.worker_id = worker_id
         self.agent = agent
         self._channel: Channel | None = None
+        self._closed = False  # the agent was replaced: no channel any more
         self._lock = threading.Lock()
         self._contexts: dict[int, DistAutogradContext] = {}
         self._counter = itertools.count()
@@ -158,7 +159,7 @@ class ContextContainer:
             return None
         if self._channel is None:
             with self._lock:
-                if self._channel is None:
+                if self._channel is None and not self._closed:
                     self._channel = Channel(
                         self.worker_id, _peer_channel_address, self.agent, self._is_current
                     )
@@ -173,8 +174,11 @@ class ContextContainer:
     def close(self) -> None:
         """The agent is gone: close the channel (its connections belong to the old agent). Its
         unanswered calls are dropped, not failed: their callbacks would reach the new world."""
-        if self._channel is not None:
-            self._channel.close(fail_calls=False)
+        with self._lock:
+            self._closed = True
+            channel = self._channel
+        if channel is not None:
+            channel.close(fail_calls=False)
 
     # lookup --------------------------------------------------------------------------------
     def retrieve(self, context_id: int) -> DistAutogradContext:

@@ -23,6 +23,7 @@ import torch
 
 _HEADER = struct.Struct("!IQI")  # layout length, pickle length, number of raw buffers
 _LENGTH = struct.Struct("!Q")
+_EMPTY_ANSWER = 0xFFFFFFFF  # a header's layout length that marks an empty answer
 
 
 def carries(tensors) -> bool:
@@ -89,6 +90,8 @@ def encode(obj) -> tuple[list, list]:
                 offset += part.numel()
             flats.append(flat)
     meta = pickle.dumps(([f.dtype for f in flats], layout), protocol=5)
+    if len(meta) >= _EMPTY_ANSWER:
+        raise ValueError(f"a message with {len(layout)} tensors is too large for one frame")
     body = out.getbuffer()
     views = [_bytes_of(f) for f in flats]
     head = _HEADER.pack(len(meta), len(body), len(views)) + b"".join(
@@ -115,9 +118,6 @@ def _read_exact(rfile, n: int) -> bytearray:
             raise ConnectionError("connection closed by peer (EOF)")
         got += k
     return buf
-
-
-_EMPTY_ANSWER = 0xFFFFFFFF  # a header's layout length that marks an empty answer
 
 
 def encode_empty_answer(seq: int) -> tuple[list, list]:

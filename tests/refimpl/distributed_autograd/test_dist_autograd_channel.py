@@ -239,3 +239,27 @@ def test_closing_without_failing_drops_the_calls_in_flight(pair):
     pair[0].close(fail_calls=False)
     time.sleep(0.5)
     assert not answers.got
+
+
+def test_a_timed_out_connection_stops_taking_calls_and_fails_none_of_the_next(pair, monkeypatch):
+    timeouts = iter([0.5])
+    monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: next(timeouts, 60.0))
+    slow, fast = _Answers(), _Answers()
+    _call(pair[0], 1, _sleep, (2.5,), slow)
+    assert "RPC ran for more than set timeout" in slow.wait()[1]
+    _call(pair[0], 1, _scale, (torch.ones(1), 3.0), fast)  # on a new connection
+    answer, error = fast.wait()
+    assert error is None and answer.item() == 3.0
+    time.sleep(3.0)  # the slow call's late answer arrives and retires the old connection
+    assert slow.got == [slow.got[0]] and fast.got == [fast.got[0]], "a callback ran twice"
+
+
+def test_a_call_after_close_is_refused_and_never_called_back(pair):
+    answers = _Answers()
+    _call(pair[0], 1, _scale, (torch.ones(1), 1.0), answers)
+    answers.wait()
+    pair[0].close(fail_calls=False)
+    late = _Answers()
+    assert not pair[0].call(1, _scale, (torch.ones(1), 1.0), late)
+    time.sleep(0.3)
+    assert not late.got
