@@ -48,7 +48,6 @@ from collections.abc import Sequence
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
-from torch.distributed import rpc
 
 from .._torch_compat import engine_run_backward, sparse_values
 from . import capture, messaging
@@ -200,12 +199,6 @@ def _run_local(
     for origin, send_id, grad in cap.recvs:
         outbound[origin].append((send_id, grad))
     return outbound
-
-
-def _completed(value) -> torch.futures.Future:
-    fut = torch.futures.Future()
-    fut.set_result(value)
-    return fut
 
 
 # messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----
@@ -362,17 +355,35 @@ def _end_pass(context_id: int) -> None:
         ctx.release_graph()
 
 
-@rpc.functions.async_execution
-def _release(context_id: int, sender: int):
+def _release(context_id: int, sender: int) -> None:
+    """Drop ``context_id`` here and pass the release on to the workers it reached from here
+    (see [Note: context release])."""
     cont = container()
     ctx = cont.pop(context_id)
     if ctx is None:
-        return _completed(None)
+        return
     with ctx.lock:
         targets = [w for w in ctx.known_workers if w not in (cont.worker_id, sender)]
     ctx.release_graph()
-    futs = [rpc.rpc_async(w, _release, args=(context_id, cont.worker_id)) for w in targets]
-    return torch.futures.collect_all(futs).then(lambda _: None)
+    _tell_release(context_id, cont.worker_id, targets)
+
+
+def _tell_release(context_id: int, me: int, targets) -> None:
+    for w in targets:
+        done = functools.partial(_release_answered, context_id, w)
+        try:
+            messaging.send(w, _release, (context_id, me), done)
+        except Exception as exc:
+            done(None, f"{exc}")
+
+
+def _release_answered(context_id: int, worker: int, answer, error: str | None) -> None:
+    if error is not None:
+        warnings.warn(
+            f"could not release autograd context {context_id} on worker {worker}: {error}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 # public ------------------------------------------------------------------------------------------
@@ -440,7 +451,18 @@ def _end_pass_on(ctx: DistAutogradContext, workers, me: int) -> None:
 
 
 def release_context(context_id: int) -> None:
-    """Delete ``context_id`` here and on every worker it reached (called on context exit)."""
+    """Delete ``context_id`` here now, and on every worker it reached without waiting (called
+    on context exit).
+
+    [Note: context release]
+    Exiting a context sends one release message to each worker the context reached, and each of
+    those passes it on to the workers *it* reached; nobody waits for them, as with torch (its
+    context exit sends its cleanup requests and returns). A round trip per reached worker on
+    every context exit was a third of a parameter-server training step. Context ids are never
+    reused, so a release that arrives late cannot drop a newer context; a worker's debug info
+    can show the context for the few messages' time it takes. A release that fails (the worker
+    is gone) is reported as a ``RuntimeWarning``.
+    """
     cont = container()
     ctx = cont.pop(context_id)
     if ctx is None:
@@ -449,15 +471,7 @@ def release_context(context_id: int) -> None:
         ctx.pending_releases.clear()  # the context release below drops those graphs too
         targets = [w for w in ctx.known_workers if w != cont.worker_id]
     ctx.release_graph()
-    futs = [rpc.rpc_async(w, _release, args=(context_id, cont.worker_id)) for w in targets]
-    for w, fut in zip(targets, futs, strict=True):
-        try:
-            fut.wait()
-        except Exception as exc:
-            warnings.warn(
-                f"could not release autograd context {context_id} on worker {w}: {exc}",
-                stacklevel=3,
-            )
+    _tell_release(context_id, cont.worker_id, targets)
 
 
 def _get_debug_info() -> dict[str, int]:

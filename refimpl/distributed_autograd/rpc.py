@@ -26,13 +26,17 @@ imported there, as torch requires too).
 
 from __future__ import annotations
 
+import itertools
+import threading
+import weakref
 from typing import Any
 
 import torch
 from torch.distributed import rpc
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
-from .._torch_compat import find_script_function, rref_class
+from .._torch_compat import current_rpc_agent, find_script_function, rref_class
+from . import messaging
 from .context import _as_current, container, current_context
 from .functions import pack, unpack
 
@@ -133,15 +137,77 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     return rpc.remote(to, _remote_create, args=call_args, timeout=timeout)
 
 
-def _local_value(rref: rpc.RRef):
-    return rref.local_value()
-
-
 def to_here(rref: rpc.RRef, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-    """Fetch an RRef's value; inside a context, tensors requiring grad come with recv functions."""
-    if current_context() is None:
+    """Fetch an RRef's value; inside a context, tensors requiring grad come with recv functions
+    (see [Note: fetch by key])."""
+    ctx = current_context()
+    if ctx is None:
         return _torch_to_here(rref, timeout)
-    return rpc_sync(rref.owner(), _local_value, args=(rref,), timeout=timeout)
+    key = _key_of(rref) if timeout == UNSET_RPC_TIMEOUT else None
+    if key is None:
+        key, value = rpc_sync(rref.owner(), _local_value, args=(rref,), timeout=timeout)
+        if key is not None:
+            _remember_key(rref, key)
+        return value
+    ctx.drain_releases()  # see engine.py [Note: deferred release]
+    dst = rref.owner().id
+    with ctx.lock:
+        ctx.known_workers.add(dst)
+    me = container().worker_id
+    packed = messaging.call_async(dst, _value_by_key, (ctx.context_id, me, key)).wait()
+    return unpack(ctx, dst, packed)
+
+
+# [Note: fetch by key]
+# torch pickles an RRef passed to its owner through its fork protocol (the owner answers with
+# a message of its own), and a Python RPC cannot take the gradient channel; so a parameter
+# server's trainer paid two such round trips per step for its ``to_here`` calls. The first
+# fetch of an RRef inside a context goes as an RPC carrying the RRef, and the owner answers
+# with the value and a key it keeps the value under, weakly (the value lives as long as its
+# OwnerRRef, which lives as long as this user's RRef); later fetches of that RRef send only
+# the key, over the channel (messaging.py). A value that cannot be held weakly (not a tensor,
+# say) is fetched the first way every time; so is every fetch with an explicit timeout.
+_keys_lock = threading.Lock()
+_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # user's RRef -> (agent, key)
+_owned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # owner: key -> value
+_next_key = itertools.count()
+
+
+def _local_value(rref: rpc.RRef):
+    """On the owner: (a key for the value, or None; the value)."""
+    value = rref.local_value()
+    try:
+        key = next(_next_key)
+        _owned[key] = value
+    except TypeError:  # cannot be held weakly
+        key = None
+    return key, value
+
+
+def _value_by_key(context_id: int, origin: int, key: int):
+    """On the owner: the value kept under ``key``, its tensors recorded in ``context_id``."""
+    value = _owned.get(key)
+    if value is None:
+        raise RuntimeError(f"RRef value {key} is gone from this worker (its RRef was deleted)")
+    packed, _ = pack(container().get_or_create(context_id), origin, value)
+    return packed
+
+
+def _key_of(rref) -> int | None:
+    with _keys_lock:
+        entry = _keys.get(rref)
+    if entry is None or rref.is_owner():
+        return None
+    agent, key = entry
+    return key if agent is current_rpc_agent() else None  # an RRef of an earlier world: no
+
+
+def _remember_key(rref, key: int) -> None:
+    try:
+        with _keys_lock:
+            _keys[rref] = (current_rpc_agent(), key)
+    except TypeError:  # an RRef type that cannot be held weakly: fetch it the first way
+        pass
 
 
 _torch_to_here = PyRRef.to_here

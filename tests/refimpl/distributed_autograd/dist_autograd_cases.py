@@ -176,3 +176,19 @@ def record_in_backward(x):
 
 def recorded():
     return list(RECORDED)
+
+
+def rref_value_grad(rref, context_id: int):
+    """On an RRef's owner: the gradient its value got in ``context_id``."""
+    import refimpl.distributed_autograd as dist_autograd
+
+    return dist_autograd.get_gradients(context_id).get(rref.local_value())
+
+
+def leaf_list(n: int):
+    """A value that cannot be held weakly (to_here's key path does not apply to it)."""
+    return [torch.full((n,), 2.0, requires_grad=True)]
+
+
+def leaf_ones(n: int):
+    return torch.ones(n, requires_grad=True)

@@ -43,6 +43,27 @@ def worker_name(rank: int) -> str:
     return f"worker{rank}"
 
 
+def wait_nothing_left(world_size: int, timeout: float = 60.0) -> None:
+    """Wait until no worker holds a context or a pass; fail naming what is left after
+    ``timeout`` s. A context exit releases the other workers without waiting for them
+    (engine.py [Note: context release]), so a check right after it must allow for the messages
+    in flight; a leak never clears."""
+    import time
+
+    import refimpl.distributed_autograd as dist_autograd
+
+    empty = {"num_current_backward_passes": 0, "num_autograd_contexts": 0}
+    deadline = time.monotonic() + timeout
+    while True:
+        infos = {r: dist_autograd.rpc_sync(worker_name(r), dist_autograd._get_debug_info)
+                 for r in range(world_size)}
+        left = {r: info for r, info in infos.items() if info != empty}
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"left after {timeout:.0f} s: {left}"
+        time.sleep(0.02)
+
+
 def _serve(rank: int, world_size: int, store_path: str, tasks, results, stop) -> None:
     from conformance.harness.network import pin_to_loopback
 

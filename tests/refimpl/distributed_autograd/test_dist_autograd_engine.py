@@ -10,7 +10,7 @@ import torch
 
 from refimpl.distributed_autograd.engine import validate_roots
 from tests.refimpl.distributed_autograd import dist_autograd_cases as cases
-from tests.refimpl.distributed_autograd.dist_autograd_world import worker_name
+from tests.refimpl.distributed_autograd.dist_autograd_world import wait_nothing_left, worker_name
 
 
 @pytest.mark.parametrize(
@@ -168,15 +168,7 @@ def _check_backward(world_size):
             "threads", got, [xi, wi], torch.autograd.grad(cases.fan_out("local", xi, wi), [xi, wi])
         )
 
-    _assert_nothing_left(world_size)
-
-
-def _assert_nothing_left(world_size):
-    import refimpl.distributed_autograd as dist_autograd
-
-    for r in range(world_size):
-        info = dist_autograd.rpc_sync(worker_name(r), dist_autograd._get_debug_info)
-        assert info == {"num_current_backward_passes": 0, "num_autograd_contexts": 0}, (r, info)
+    wait_nothing_left(world_size)
 
 
 @pytest.mark.slow
@@ -208,7 +200,7 @@ def _check_errors(world_size):
         with dist_autograd.context() as cid:
             y = dist_autograd.rpc_sync(worker_name(1), cases.fail_deeper, args=(x * w,))
             dist_autograd.backward(cid, [y.sum()])
-    _assert_nothing_left(world_size)
+    wait_nothing_left(world_size)
 
     # an error on the caller itself is Node 0
     with dist_autograd.context() as cid:
@@ -216,7 +208,7 @@ def _check_errors(world_size):
         with pytest.raises(RuntimeError, match="Error on Node 0: Simulate error on backward pass"):
             dist_autograd.backward(cid, [cases.fail_in_backward(y).sum()])
         assert dist_autograd._get_debug_info()["num_current_backward_passes"] == 0
-    _assert_nothing_left(world_size)
+    wait_nothing_left(world_size)
 
     # with retain_graph, a failed pass can be followed by working passes in the same context
     with dist_autograd.context() as cid:
@@ -228,7 +220,7 @@ def _check_errors(world_size):
         dist_autograd.backward(cid, [z.sum()], retain_graph=True)
         got = dist_autograd.get_gradients(cid)
         torch.testing.assert_close(got[w], x.detach())
-    _assert_nothing_left(world_size)
+    wait_nothing_left(world_size)
 
 
 @pytest.mark.slow
@@ -279,9 +271,64 @@ def _check_both_transports(world_size):
     finally:
         for w in workers:
             dist_autograd.rpc_sync(w, _set_channel, args=("socket",))
-    _assert_nothing_left(world_size)
+    wait_nothing_left(world_size)
 
 
 @pytest.mark.slow
 def test_backward_over_the_channel_and_over_rpc(rpc_world):
     rpc_world.run(_check_both_transports)
+
+
+# ---------------------------------------------------------------------------------------------
+def _check_fetch_by_key(world_size):
+    """rpc.py [Note: fetch by key]: after the first fetch of an RRef in a context, later
+    fetches send its key (over the channel once it is open) and still record the autograd edge;
+    values that cannot be held weakly, and fetches with a timeout, take the RPC each time."""
+    import time
+
+    from torch.distributed import rpc
+
+    import refimpl.distributed_autograd as dist_autograd
+    from refimpl.distributed_autograd import rpc as rpc_mod
+
+    owner = worker_name(1)
+    rref = rpc.remote(owner, cases.leaf_ones, args=(3,))
+    x = torch.tensor([1.0, 2.0, 3.0])
+    deadline = time.monotonic() + 120
+    used_channel = False
+    for step in range(1000):
+        with dist_autograd.context() as cid:
+            before = _channel_calls()
+            value = rref.to_here() if step % 2 else dist_autograd.to_here(rref)
+            fetched_on_channel = _channel_calls() > before
+            dist_autograd.backward(cid, [(value * x * (step + 1)).sum()])
+            grad = rpc.rpc_sync(owner, cases.rref_value_grad, args=(rref, cid))
+        torch.testing.assert_close(grad, x * (step + 1), msg=lambda m, step=step: f"fetch {step}: {m}")
+        assert rpc_mod._key_of(rref) is not None, "the first fetch did not leave a key"
+        used_channel |= fetched_on_channel
+        if used_channel and step >= 3:
+            break
+        assert time.monotonic() < deadline, "no fetch by key ever used the channel"
+
+    listed = rpc.remote(owner, cases.leaf_list, args=(3,))
+    for _ in range(3):
+        with dist_autograd.context() as cid:
+            (value,) = listed.to_here()
+            dist_autograd.backward(cid, [(value * x).sum()])
+            grads = rpc.rpc_sync(owner, dist_autograd.get_gradients, args=(cid,))
+        assert [g.tolist() for g in grads.values()] == [x.tolist()], grads
+        assert rpc_mod._key_of(listed) is None, "a list was given a key"
+
+    with dist_autograd.context() as cid:
+        before = _channel_calls()
+        value = rref.to_here(timeout=60)
+        assert _channel_calls() == before, "a fetch with a timeout went by key"
+        dist_autograd.backward(cid, [(value * x).sum()])
+        grad = rpc.rpc_sync(owner, cases.rref_value_grad, args=(rref, cid))
+    torch.testing.assert_close(grad, x)
+    wait_nothing_left(world_size)
+
+
+@pytest.mark.slow
+def test_to_here_fetches_by_key_and_records(rpc_world):
+    rpc_world.run(_check_fetch_by_key)
