@@ -33,6 +33,7 @@ __all__ = [
     "composable_replicate",
     "ddp_mixed_precision",
     "dist_autograd_debug_info",
+    "flatten_dense",
     "foreach_copy_",
     "hook_dict",
     "fsdp2_unsharded_grads",
@@ -84,6 +85,14 @@ def foreach_copy_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> N
     """``dst[i].copy_(src[i])`` for all i in one call (one kernel launch per dtype/device
     group instead of one per tensor: the reducer's copy-back of many small gradients)."""
     torch._foreach_copy_(list(dst), list(src))
+
+
+def flatten_dense(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors' values back to back in one new 1-D tensor (one call: the gradient
+    channel's frame of 100 small gradients; ``torch.cat`` of 100 reshaped views costs 100
+    Python calls). Lazy conjugate / negative bits are materialized, except for a single
+    tensor that is already contiguous (it comes back as a view: resolve it yourself)."""
+    return torch._utils._flatten_dense_tensors(tensors)
 
 
 def sparse_values(t: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,6 @@ way; the engine keeps such messages off the channel anyway.
 
 from __future__ import annotations
 
-import collections
 import copyreg
 import ctypes
 import io
@@ -20,6 +19,8 @@ import struct
 import threading
 
 import torch
+
+from .._torch_compat import flatten_dense
 
 _HEADER = struct.Struct("!IQI")  # layout length, pickle length, number of raw buffers
 _LENGTH = struct.Struct("!Q")
@@ -38,22 +39,30 @@ def _tensor_slot(index: int) -> torch.Tensor:
 
 
 def _reduce_tensor(t: torch.Tensor):
-    tensors = _encoding.tensors
-    if not carries((t,)):
+    if not t.is_cpu or t.layout is not torch.strided:
         return t.__reduce_ex__(5)
-    # The raw bytes below ignore the lazy conjugate / negative bits: materialize them first.
-    tensors.append(t.resolve_conj().resolve_neg())
+    tensors = _encoding.tensors
+    tensors.append(t)
     return _tensor_slot, (len(tensors) - 1,)
 
 
 _encoding = threading.local()
 
 
+class _DispatchTable(dict):
+    """copyreg's reducers with the dense tensor's own on top. The pickler looks up every
+    object's type in it (the built-in types excepted): a dict subclass keeps a hit in C, and a
+    miss reads copyreg's table as it is then."""
+
+    def __missing__(self, cls):
+        return copyreg.dispatch_table[cls]
+
+
 class _Pickler(pickle.Pickler):
     """Pickle that leaves dense CPU tensors out, as slots into the frame's tensor list (only
     tensors reach Python: ``dispatch_table``, not ``persistent_id``, which sees every object)."""
 
-    dispatch_table = collections.ChainMap({torch.Tensor: _reduce_tensor}, copyreg.dispatch_table)
+    dispatch_table = _DispatchTable({torch.Tensor: _reduce_tensor})
 
 
 class _Unpickler(pickle.Unpickler):
@@ -68,7 +77,10 @@ class _Unpickler(pickle.Unpickler):
 
 
 def encode(obj) -> tuple[list, list]:
-    """``obj`` as a frame: (the pieces to write, in order; the tensors they borrow from)."""
+    """``obj`` as a frame: (the pieces to write, in order; the tensors they borrow from).
+
+    The layout names, per dtype, the slots its buffer holds and their shapes, in order.
+    """
     tensors: list[torch.Tensor] = []
     out = io.BytesIO()
     _encoding.tensors = tensors
@@ -82,16 +94,13 @@ def encode(obj) -> tuple[list, list]:
     flats, layout = [], []
     with torch.no_grad():
         for members in groups.values():
-            parts = [tensors[i].reshape(-1) for i in members]
-            flat = parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
-            offset = 0
-            for i, part in zip(members, parts, strict=True):
-                layout.append((i, len(flats), offset, tuple(tensors[i].shape)))
-                offset += part.numel()
-            flats.append(flat)
+            parts = [tensors[i] for i in members]
+            # Raw bytes ignore the lazy conjugate / negative bits: the values, resolved.
+            flats.append(flatten_dense(parts).resolve_conj().resolve_neg())
+            layout.append((members, [tuple(part.shape) for part in parts]))
     meta = pickle.dumps(([f.dtype for f in flats], layout), protocol=5)
     if len(meta) >= _EMPTY_ANSWER:
-        raise ValueError(f"a message with {len(layout)} tensors is too large for one frame")
+        raise ValueError(f"a message with {len(tensors)} tensors is too large for one frame")
     body = out.getbuffer()
     views = [_bytes_of(f) for f in flats]
     head = _HEADER.pack(len(meta), len(body), len(views)) + b"".join(
@@ -134,15 +143,12 @@ def decode(rfile):
     sizes = struct.unpack(f"!{count}Q", _read_exact(rfile, 8 * count)) if count else ()
     dtypes, layout = pickle.loads(_read_exact(rfile, meta_len))
     body = _read_exact(rfile, body_len)
-    tensors: list = [None] * len(layout)
-    by_group: list[list] = [[] for _ in dtypes]
-    for entry in layout:
-        by_group[entry[1]].append(entry)
-    for dtype, n, entries in zip(dtypes, sizes, by_group, strict=True):
+    tensors: list = [None] * sum(len(members) for members, _ in layout)
+    for dtype, n, (members, shapes) in zip(dtypes, sizes, layout, strict=True):
         data = _read_exact(rfile, n)
-        numels = [math.prod(shape) for _, _, _, shape in entries]
         flat = torch.frombuffer(data, dtype=dtype) if n else torch.empty(0, dtype=dtype)
-        for (i, _, _, shape), part in zip(entries, flat.split(numels), strict=True):
+        parts = flat.split([math.prod(shape) for shape in shapes])
+        for i, shape, part in zip(members, shapes, parts, strict=True):
             tensors[i] = part if len(shape) == 1 else part.view(shape)
     return _Unpickler(io.BytesIO(body), tensors).load()
 

@@ -43,6 +43,18 @@ def test_queue_backward_callback_outside_backward_is_refused():
         compat.queue_backward_callback(lambda: None)
 
 
+def test_flatten_dense_puts_values_back_to_back_and_resolves_lazy_bits_when_it_copies():
+    a, b = torch.arange(6.0).view(2, 3), torch.arange(4.0)[::2]  # contiguous, non-contiguous
+    flat = compat.flatten_dense([a, b, torch.tensor(7.0)])
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 0, 2, 7]
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert not compat.flatten_dense([z.conj(), z]).is_conj()
+    assert torch.equal(compat.flatten_dense([z.conj(), z])[:2], z.conj().resolve_conj())
+    assert not compat.flatten_dense([z.conj().imag, b]).is_neg()
+    # a single contiguous tensor comes back as a view, its lazy bits kept (the caller resolves)
+    assert compat.flatten_dense([z.conj()]).is_conj()
+
+
 def test_autograd_tls_follows_the_backward_and_is_removed():
     key = "refimpl-compat-test"
     assert not compat.autograd_tls_has(key)
