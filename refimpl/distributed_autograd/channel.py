@@ -10,10 +10,11 @@ thread runs the handler itself, the same message costs about 0.2 ms, answer incl
 (``benchmarks/dist_autograd_profile.py`` prints both). torch's own engine sends these messages
 from C++; this channel is how a Python engine gets close to that.
 
-What travels here: the engine's gradient messages and credit returns whose tensors are all
-dense CPU tensors (``frames.carries``; the wire format is frames.py). Everything else stays on torch's RPC agent: sparse
-gradients, CUDA gradients (the agent's device maps apply to them), releases, and every RPC of
-the forward. Set ``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
+What travels here: the engine's gradient messages and credit returns,
+``DistributedOptimizer.step``'s calls and ``to_here``'s fetches by key, whose tensors are all
+dense CPU tensors (``frames.carries``; the wire format is frames.py). Everything else stays on
+torch's RPC agent: sparse gradients, CUDA gradients (the agent's device maps apply to them),
+context and graph releases, and every RPC of the forward. Set ``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
 
 Connections. One TCP connection per (sender, receiver) pair, opened in the background after
 the first call (which goes over RPC, as does every call until the connection is open: [Note:

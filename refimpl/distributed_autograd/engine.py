@@ -48,6 +48,7 @@ from collections.abc import Sequence
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.distributed import rpc
 
 from .._torch_compat import engine_run_backward, sparse_values
 from . import capture, messaging
@@ -369,21 +370,29 @@ def _release(context_id: int, sender: int) -> None:
 
 
 def _tell_release(context_id: int, me: int, targets) -> None:
+    """Send the release to ``targets`` as RPCs and return (see [Note: context release])."""
     for w in targets:
-        done = functools.partial(_release_answered, context_id, w)
         try:
-            messaging.send(w, _release, (context_id, me), done)
+            fut = rpc.rpc_async(w, _release, args=(context_id, me))
         except Exception as exc:
-            done(None, f"{exc}")
+            _release_failed(context_id, w, f"{exc}")
+            continue
+        fut.add_done_callback(functools.partial(_release_answered, context_id, w))
 
 
-def _release_answered(context_id: int, worker: int, answer, error: str | None) -> None:
-    if error is not None:
-        warnings.warn(
-            f"could not release autograd context {context_id} on worker {worker}: {error}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+def _release_answered(context_id: int, worker: int, fut: torch.futures.Future) -> None:
+    try:
+        fut.wait()
+    except Exception as exc:
+        _release_failed(context_id, worker, f"{exc}")
+
+
+def _release_failed(context_id: int, worker: int, why: str) -> None:
+    warnings.warn(
+        f"could not release autograd context {context_id} on worker {worker}: {why}",
+        RuntimeWarning,
+        stacklevel=1,
+    )
 
 
 # public ------------------------------------------------------------------------------------------
@@ -455,13 +464,16 @@ def release_context(context_id: int) -> None:
     on context exit).
 
     [Note: context release]
-    Exiting a context sends one release message to each worker the context reached, and each of
+    Exiting a context sends one release RPC to each worker the context reached, and each of
     those passes it on to the workers *it* reached; nobody waits for them, as with torch (its
     context exit sends its cleanup requests and returns). A round trip per reached worker on
-    every context exit was a third of a parameter-server training step. Context ids are never
-    reused, so a release that arrives late cannot drop a newer context; a worker's debug info
-    can show the context for the few messages' time it takes. A release that fails (the worker
-    is gone) is reported as a ``RuntimeWarning``.
+    every context exit was a third of a parameter-server training step. Releases stay RPCs,
+    not channel messages: they then follow, on the same agent, the forward's RPCs that nobody
+    waited for (a ``remote()`` never fetched), so a release does not overtake the message that
+    creates the context there; and a graceful ``rpc.shutdown()`` waits for them. Context ids are
+    not reused within one RPC world, so a late release cannot drop a newer context; a worker's
+    debug info can show the context for the few messages' time it takes. A release that fails
+    (the worker is gone) is reported as a ``RuntimeWarning``.
     """
     cont = container()
     ctx = cont.pop(context_id)

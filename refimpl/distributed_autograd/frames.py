@@ -28,8 +28,13 @@ _EMPTY_ANSWER = 0xFFFFFFFF  # a header's layout length that marks an empty answe
 
 
 def carries(tensors) -> bool:
-    """Whether every tensor can travel on the channel: dense and on the CPU."""
-    return all(t.is_cpu and t.layout is torch.strided for t in tensors)
+    """Whether every tensor can travel on the channel as raw bytes: dense, on the CPU, neither
+    quantized (its scale and zero point are not bytes of the tensor) nor nested."""
+    return all(_plain(t) for t in tensors)
+
+
+def _plain(t: torch.Tensor) -> bool:
+    return t.is_cpu and t.layout is torch.strided and not t.is_quantized and not t.is_nested
 
 
 def _tensor_slot(index: int) -> torch.Tensor:
@@ -39,7 +44,7 @@ def _tensor_slot(index: int) -> torch.Tensor:
 
 
 def _reduce_tensor(t: torch.Tensor):
-    if not t.is_cpu or t.layout is not torch.strided:
+    if not _plain(t):
         return t.__reduce_ex__(5)
     tensors = _encoding.tensors
     tensors.append(t)

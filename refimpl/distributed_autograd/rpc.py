@@ -35,9 +35,10 @@ import torch
 from torch.distributed import rpc
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
-from .._torch_compat import current_rpc_agent, find_script_function, rref_class
+from .._torch_compat import find_script_function, rref_class
 from . import messaging
 from .context import _as_current, container, current_context
+from .frames import carries
 from .functions import pack, unpack
 
 PyRRef = rref_class()
@@ -143,9 +144,10 @@ def to_here(rref: rpc.RRef, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
     ctx = current_context()
     if ctx is None:
         return _torch_to_here(rref, timeout)
-    key = _key_of(rref) if timeout == UNSET_RPC_TIMEOUT else None
+    by_key = timeout == UNSET_RPC_TIMEOUT and not rref.is_owner()
+    key = _key_of(rref) if by_key else None
     if key is None:
-        key, value = rpc_sync(rref.owner(), _local_value, args=(rref,), timeout=timeout)
+        key, value = rpc_sync(rref.owner(), _local_value, args=(rref, by_key), timeout=timeout)
         if key is not None:
             _remember_key(rref, key)
         return value
@@ -162,26 +164,39 @@ def to_here(rref: rpc.RRef, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
 # torch pickles an RRef passed to its owner through its fork protocol (the owner answers with
 # a message of its own), and a Python RPC cannot take the gradient channel; so a parameter
 # server's trainer paid two such round trips per step for its ``to_here`` calls. The first
-# fetch of an RRef inside a context goes as an RPC carrying the RRef, and the owner answers
-# with the value and a key it keeps the value under, weakly (the value lives as long as its
-# OwnerRRef, which lives as long as this user's RRef); later fetches of that RRef send only
-# the key, over the channel (messaging.py). A value that cannot be held weakly (not a tensor,
-# say) is fetched the first way every time; so is every fetch with an explicit timeout.
-_keys_lock = threading.Lock()
-_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # user's RRef -> (agent, key)
-_owned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # owner: key -> value
+# fetch of an RRef inside a context goes as an RPC carrying the RRef; when its value is a dense
+# CPU tensor (what the channel carries), the owner answers with the value and the key it keeps
+# that tensor under, weakly, one key per tensor however many RRefs and fetches name it; later
+# fetches of that RRef send only the key, over the channel (messaging.py). The tensor lives as
+# long as its OwnerRRef, which lives as long as this user's RRef, so a key in use always
+# resolves. Any other value, a fetch by the owner itself, and every fetch with an explicit
+# timeout go as an RPC carrying the RRef each time.
+_keys_lock = threading.RLock()  # re-entrant: a finalizer may run inside it (garbage collection)
+_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # user: RRef -> (container, key)
+_owned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # owner: key -> tensor
+_key_by_id: dict[int, int] = {}  # owner: id(tensor) -> its key, while the tensor lives
 _next_key = itertools.count()
 
 
-def _local_value(rref: rpc.RRef):
-    """On the owner: (a key for the value, or None; the value)."""
+def _local_value(rref: rpc.RRef, want_key: bool = False):
+    """On the owner: (the key of the value, or None; the value)."""
     value = rref.local_value()
-    try:
-        key = next(_next_key)
-        _owned[key] = value
-    except TypeError:  # cannot be held weakly
-        key = None
+    if not want_key or not isinstance(value, torch.Tensor) or not carries((value,)):
+        return None, value
+    with _keys_lock:
+        key = _key_by_id.get(id(value))
+        if key is None or _owned.get(key) is not value:
+            key = next(_next_key)
+            _owned[key] = value
+            _key_by_id[id(value)] = key
+            weakref.finalize(value, _forget, id(value), key)
     return key, value
+
+
+def _forget(value_id: int, key: int) -> None:
+    with _keys_lock:
+        if _key_by_id.get(value_id) == key:
+            del _key_by_id[value_id]
 
 
 def _value_by_key(context_id: int, origin: int, key: int):
@@ -196,16 +211,16 @@ def _value_by_key(context_id: int, origin: int, key: int):
 def _key_of(rref) -> int | None:
     with _keys_lock:
         entry = _keys.get(rref)
-    if entry is None or rref.is_owner():
+    if entry is None:
         return None
-    agent, key = entry
-    return key if agent is current_rpc_agent() else None  # an RRef of an earlier world: no
+    cont, key = entry
+    return key if cont() is container() else None  # an RRef of an earlier RPC world: no
 
 
 def _remember_key(rref, key: int) -> None:
     try:
         with _keys_lock:
-            _keys[rref] = (current_rpc_agent(), key)
+            _keys[rref] = (weakref.ref(container()), key)
     except TypeError:  # an RRef type that cannot be held weakly: fetch it the first way
         pass
 

@@ -192,3 +192,20 @@ def leaf_list(n: int):
 
 def leaf_ones(n: int):
     return torch.ones(n, requires_grad=True)
+
+
+_ONE = torch.ones(3, requires_grad=True)
+
+
+def rrefs_to_one_tensor(n: int):
+    """On the owner: ``n`` RRefs to one tensor (a parameter server's RRefs to its weight)."""
+    from torch.distributed import rpc
+
+    return [rpc.RRef(_ONE) for _ in range(n)]
+
+
+def keys_held() -> int:
+    """How many values this worker keeps for fetches by key (rpc.py [Note: fetch by key])."""
+    from refimpl.distributed_autograd import rpc as rpc_mod
+
+    return len(rpc_mod._owned)

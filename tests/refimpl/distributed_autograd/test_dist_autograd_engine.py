@@ -310,6 +310,23 @@ def _check_fetch_by_key(world_size):
             break
         assert time.monotonic() < deadline, "no fetch by key ever used the channel"
 
+    # one key per tensor, however many RRefs name it and however often they are fetched
+    held = rpc.rpc_sync(owner, cases.keys_held)
+    for rref_i in rpc.rpc_sync(owner, cases.rrefs_to_one_tensor, args=(4,)):
+        for _ in range(2):
+            with dist_autograd.context() as cid:
+                dist_autograd.backward(cid, [(rref_i.to_here() * x).sum()])
+    assert rpc.rpc_sync(owner, cases.keys_held) == held + 1
+
+    # the owner fetching its own RRef keeps no key
+    mine = rpc.RRef(torch.ones(2, requires_grad=True))
+    held = cases.keys_held()
+    for _ in range(3):
+        with dist_autograd.context() as cid:
+            dist_autograd.backward(cid, [mine.to_here().sum()])
+            assert dist_autograd.get_gradients(cid)[mine.local_value()].tolist() == [1.0, 1.0]
+    assert cases.keys_held() == held and rpc_mod._key_of(mine) is None
+
     listed = rpc.remote(owner, cases.leaf_list, args=(3,))
     for _ in range(3):
         with dist_autograd.context() as cid:

@@ -51,6 +51,20 @@ def test_carries_only_dense_cpu_tensors():
     assert carries([torch.randn(2), torch.zeros(0)])
     assert not carries([torch.randn(2), torch.randn(2).to_sparse()])
     assert not carries([torch.randn(2, device="meta")])
+    quantized = torch.quantize_per_tensor(torch.tensor([0.5, 1.5]), 0.5, 3, torch.qint8)
+    assert not carries([quantized])
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    assert not carries([nested])
+
+
+def test_quantized_and_nested_tensors_travel_by_pickle_with_their_parameters():
+    quantized = torch.quantize_per_tensor(torch.tensor([0.5, 1.5]), 0.5, 3, torch.qint8)
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.arange(3.0)])
+    got_q, got_n, plain = _round_trip([quantized, nested, torch.ones(2)])
+    assert got_q.q_scale() == 0.5 and got_q.q_zero_point() == 3
+    assert torch.equal(got_q.dequantize(), quantized.dequantize())
+    assert [t.tolist() for t in got_n.unbind()] == [[1.0, 1.0], [0.0, 1.0, 2.0]]
+    assert plain.tolist() == [1.0, 1.0]
 
 
 
