@@ -2,13 +2,15 @@
 
 [Note: capture by pre-hooks]
 A local run is a plain ``torch.autograd.backward`` over this worker's part of the graph. Its
-frontier has two kinds of nodes, and a pre-hook on each takes the gradient flowing into it:
+frontier has two kinds of nodes, and each takes the gradient flowing into it:
 
-- ``AccumulateGrad`` of a leaf: the hook stores the gradient in the run's :class:`Capture` and
+- ``AccumulateGrad`` of a leaf: a pre-hook stores the gradient in the run's :class:`Capture` and
   replaces it by ``None``, so that the node executes (its post hooks run, as under torch's
   engine) but writes nothing to ``.grad`` (``AccumulateGrad`` ignores an undefined gradient);
-- ``RecvBackward`` of a received tensor: the hook stores the gradient, to be shipped to the
-  worker it came from.
+- ``RecvBackward`` of a received tensor: its own backward stores the gradient (after any
+  pre-hook a user put on the node), to be shipped to the worker it came from
+  (:func:`capture_recv`; a pre-hook there would cost a second Python call per received tensor
+  per run).
 
 The run's capture is found through the autograd thread-local state that torch propagates to
 its device threads (``_torch_compat.autograd_tls_stash``), so a hook on another thread's run, or on a
@@ -18,12 +20,12 @@ concurrently: each run's hook sees only its own capture).
 [Note: the leaf hook stays, and goes last]
 A leaf's capture hook is registered once, on the first run that reaches its node, and kept
 (registering and removing it on every run cost ~8 us per leaf: 0.8 ms per pass with 100
-leaves). A pre-hook a user registers on the node must still run *before* the capture and see
+leaves; a leaf whose graph is built anew every iteration still gets a new node, and a new
+registration, each time). A pre-hook a user registers on the node must still run *before* the capture and see
 the gradient, so a run that finds the capture hook no longer last in the node's pre-hook dict
 (which autograd runs in insertion order) registers it again, last, and removes the old one
 (:func:`install_leaf_hook`). Outside a distributed run the kept hook
-returns at once: a plain ``backward`` through the leaf pays one Python call. Recv hooks are
-registered once, when the tensor is received.
+returns at once: a plain ``backward`` through the leaf pays one Python call.
 """
 
 from __future__ import annotations
@@ -122,30 +124,25 @@ def leaf_hook(leaf: torch.Tensor):
     return hook
 
 
-def recv_hook(context_id: int, epoch: int, origin: int, send_id: int):
-    """The pre-hook of one ``RecvBackward`` node: take the gradient to ship to ``origin``.
+def capture_recv(node, grad) -> None:
+    """Take the gradient flowing into a received tensor's ``RecvBackward`` ``node``, to ship to
+    the worker it came from (called by the node's own backward: functions.py).
 
-    It holds the node's identity as plain values, never the node (a node -> hook -> node cycle
-    through C++ would never be collected).
+    The node carries its identity as attributes set when the tensor was received: ``origin``,
+    ``send_id``, ``context_id`` and the context's ``epoch`` then.
     """
-
-    def hook(grad_outputs):
-        cap = _current()
-        grad = grad_outputs[0]
-        if cap is None or grad is None:
-            return None
-        if context_id != cap.context_id:
-            raise RuntimeError(
-                f"a tensor received in autograd context {context_id} is part of the graph of "
-                f"a backward in context {cap.context_id}"
-            )
-        if epoch != cap.epoch:
-            raise RuntimeError(
-                "Trying to backward through the distributed graph a second time: it was "
-                "released by a previous backward(retain_graph=False) in context "
-                f"{context_id}; pass retain_graph=True to the first backward"
-            )
-        cap.recvs.append((origin, send_id, grad))
-        return None
-
-    return hook
+    cap = _current()
+    if cap is None or grad is None:
+        return
+    if node.context_id != cap.context_id:
+        raise RuntimeError(
+            f"a tensor received in autograd context {node.context_id} is part of the graph of "
+            f"a backward in context {cap.context_id}"
+        )
+    if node.epoch != cap.epoch:
+        raise RuntimeError(
+            "Trying to backward through the distributed graph a second time: it was "
+            "released by a previous backward(retain_graph=False) in context "
+            f"{node.context_id}; pass retain_graph=True to the first backward"
+        )
+    cap.recvs.append((node.origin, node.send_id, grad))

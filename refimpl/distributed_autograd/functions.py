@@ -15,7 +15,7 @@ When a tensor that requires grad crosses an RPC made in a context, the sender re
 - ``RecvFunction.apply(anchor, _Payload(tensor))`` makes the received tensor require grad and
   gives it a grad_fn (so it can be a backward root). The tensor itself is returned, not an input
   of the function (an input returned as output would become a view, and sparse tensors cannot
-  be views). A pre-hook registered on its node with ``(origin worker, send_id, epoch)``
+  be views). Its node carries ``(origin worker, send_id, context, epoch)``; its backward
   captures the gradient flowing *into* it during a distributed backward (see
   ``capture.py``), which the engine ships to the origin.
 
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from .capture import recv_hook
+from .capture import capture_recv
 from .context import DistAutogradContext
 
 
@@ -46,12 +46,15 @@ class _Payload:
 class RecvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, payload):  # noqa: D102
+        ctx.set_materialize_grads(False)  # no gradient stays None: nothing to ship
         return payload.tensor
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
-        # Only reached by a plain local torch.autograd.backward through a received tensor:
-        # gradients of received tensors flow back only through distributed backward.
+        # In a distributed backward's local run: take the gradient to ship (capture.py). In a
+        # plain local backward through a received tensor: nothing, gradients of received
+        # tensors flow back only through distributed backward.
+        capture_recv(ctx, grad)
         return None, None
 
 
@@ -138,8 +141,8 @@ def unpack(ctx: DistAutogradContext, origin: int, obj: Any) -> Any:
         with torch.enable_grad():
             out = RecvFunction.apply(ctx.anchor, _Payload(t.tensor))
         node = out.grad_fn
-        node.origin, node.send_id, node.context_id = origin, t.send_id, ctx.context_id
-        node.register_prehook(recv_hook(ctx.context_id, ctx.graph_epoch, origin, t.send_id))
+        node.origin, node.send_id = origin, t.send_id
+        node.context_id, node.epoch = ctx.context_id, ctx.graph_epoch
         return out
 
     out = _map(obj, one)
