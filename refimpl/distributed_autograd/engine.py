@@ -99,11 +99,12 @@ def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
     leaves: list[torch.Tensor] = []
     nodes: list = []
     any_recv = False
+    pop, push, add = stack.pop, stack.append, seen.add  # a run visits every node: no lookups
     while stack:
-        node = stack.pop()
+        node = pop()
         if node in seen:
             continue
-        seen.add(node)
+        add(node)
         kind = type(node)
         if kind is RecvBackward:
             any_recv = True
@@ -111,7 +112,9 @@ def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
             leaves.append(node.variable)
             nodes.append(node)
         else:
-            stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+            for nxt, _ in node.next_functions:
+                if nxt is not None:
+                    push(nxt)
     return leaves, nodes, any_recv
 
 
