@@ -100,9 +100,10 @@ def encode(obj) -> tuple[list, list]:
     with torch.no_grad():
         for members in groups.values():
             parts = [tensors[i] for i in members]
+            shapes = [tuple(part.shape) for part in parts]
             # Raw bytes ignore the lazy conjugate / negative bits: the values, resolved.
-            flats.append(flatten_dense(parts).resolve_conj().resolve_neg())
-            layout.append((members, [tuple(part.shape) for part in parts]))
+            flats.append(_flatten(parts, shapes).resolve_conj().resolve_neg())
+            layout.append((members, shapes))
     meta = pickle.dumps(([f.dtype for f in flats], layout), protocol=5)
     if len(meta) >= _EMPTY_ANSWER:
         raise ValueError(f"a message with {len(tensors)} tensors is too large for one frame")
@@ -112,6 +113,20 @@ def encode(obj) -> tuple[list, list]:
         _LENGTH.pack(v.nbytes) for v in views
     )
     return [memoryview(head), memoryview(meta), body, *views], flats
+
+
+def _flatten(parts: list, shapes: list) -> torch.Tensor:
+    """The parts' values back to back, in one kernel where their shapes allow: gradients are
+    often one shape, and often views (a sum's gradient is an expanded scalar), which
+    ``flatten_dense`` would first copy one by one (100 expanded gradients: 184 us; ``cat``:
+    21 us)."""
+    if len(set(shapes)) == 1:
+        if len(shapes[0]) == 1:
+            return torch.cat(parts)
+        return torch.stack(parts).reshape(-1)
+    if all(len(shape) == 1 for shape in shapes):
+        return torch.cat(parts)
+    return flatten_dense(parts)
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -152,6 +167,11 @@ def decode(rfile):
     for dtype, n, (members, shapes) in zip(dtypes, sizes, layout, strict=True):
         data = _read_exact(rfile, n)
         flat = torch.frombuffer(data, dtype=dtype) if n else torch.empty(0, dtype=dtype)
+        if len(set(shapes)) == 1:  # one shape: one view, cut along its first dimension
+            parts = flat.view(len(shapes), *shapes[0]).unbind(0)
+            for i, part in zip(members, parts, strict=True):
+                tensors[i] = part
+            continue
         parts = flat.split([math.prod(shape) for shape in shapes])
         for i, shape, part in zip(members, shapes, parts, strict=True):
             tensors[i] = part if len(shape) == 1 else part.view(shape)
