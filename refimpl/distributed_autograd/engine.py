@@ -48,7 +48,6 @@ from collections.abc import Sequence
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
-from torch.distributed import rpc
 
 from .._torch_compat import engine_run_backward, sparse_values
 from . import capture, messaging
@@ -375,27 +374,20 @@ def _release(context_id: int, sender: int) -> None:
 def _tell_release(context_id: int, me: int, targets) -> None:
     """Send the release to ``targets`` as RPCs and return (see [Note: context release])."""
     for w in targets:
+        done = functools.partial(_release_answered, context_id, w)
         try:
-            fut = rpc.rpc_async(w, _release, args=(context_id, me))
+            messaging.send_rpc(w, _release, (context_id, me), done)
         except Exception as exc:
-            _release_failed(context_id, w, f"{exc}")
-            continue
-        fut.add_done_callback(functools.partial(_release_answered, context_id, w))
+            done(None, f"{exc}")
 
 
-def _release_answered(context_id: int, worker: int, fut: torch.futures.Future) -> None:
-    try:
-        fut.wait()
-    except Exception as exc:
-        _release_failed(context_id, worker, f"{exc}")
-
-
-def _release_failed(context_id: int, worker: int, why: str) -> None:
-    warnings.warn(
-        f"could not release autograd context {context_id} on worker {worker}: {why}",
-        RuntimeWarning,
-        stacklevel=1,
-    )
+def _release_answered(context_id: int, worker: int, answer, error: str | None) -> None:
+    if error is not None:
+        warnings.warn(
+            f"could not release autograd context {context_id} on worker {worker}: {error}",
+            RuntimeWarning,
+            stacklevel=1,
+        )
 
 
 # public ------------------------------------------------------------------------------------------

@@ -26,6 +26,12 @@ def send(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
         return
     # No channel, a tensor it does not carry, or no connection to dst yet (channel.py
     # [Note: connecting never blocks a sender]).
+    send_rpc(dst, fn, args, on_done)
+
+
+def send_rpc(dst: int, fn, args: tuple, on_done) -> None:
+    """``send``, always as an RPC through torch's agent (for messages that must keep their
+    order behind the agent's other RPCs: engine.py [Note: context release])."""
     fut = rpc.rpc_async(dst, fn, args=args)
     fut.add_done_callback(functools.partial(_rpc_answered, on_done))
 

@@ -91,15 +91,21 @@ def _remote_create(context_id, origin, func, args, kwargs):
     return _call_in_context(context_id, origin, func, args, kwargs, send_back=False)
 
 
-def _prepare(to, func, args, kwargs):
-    ctx = current_context()
-    ctx.drain_releases()  # see engine.py [Note: deferred release]
-    me = container().worker_id
-    dst = _worker_id(to)
-    # The callee creates the context even when no tensor requiring grad travels (its answer
-    # may carry one): it must be released there too.
+def _reach(ctx, dst: int) -> None:
+    """Before a message of context ``ctx`` goes to worker ``dst``: send the graph releases
+    still owed (engine.py [Note: deferred release]), and count ``dst`` as reached. The callee
+    creates the context even when no tensor requiring grad travels (its answer may carry one):
+    it must be released there too."""
+    ctx.drain_releases()
     with ctx.lock:
         ctx.known_workers.add(dst)
+
+
+def _prepare(to, func, args, kwargs):
+    ctx = current_context()
+    me = container().worker_id
+    dst = _worker_id(to)
+    _reach(ctx, dst)
     if isinstance(func, torch.jit.ScriptFunction):
         func = _ScriptTarget(func.qualified_name)
     packed_args, _ = pack(ctx, dst, tuple(args) if args is not None else ())
@@ -151,10 +157,8 @@ def to_here(rref: rpc.RRef, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         if key is not None:
             _remember_key(rref, key)
         return value
-    ctx.drain_releases()  # see engine.py [Note: deferred release]
     dst = rref.owner().id
-    with ctx.lock:
-        ctx.known_workers.add(dst)
+    _reach(ctx, dst)
     me = container().worker_id
     packed = messaging.call_async(dst, _value_by_key, (ctx.context_id, me, key)).wait()
     return unpack(ctx, dst, packed)
