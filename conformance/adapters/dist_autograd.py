@@ -283,7 +283,9 @@ def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph):
                 recvs.append(node)
             else:
                 stack.extend(n for n, _ in node.next_functions)
-        inputs = leaves + [GradientEdge(n, 0) for n in recvs]
+        # A received message's node has one output per tensor (its send ids, in order).
+        received = [(n.origin, sid, GradientEdge(n, i)) for n in recvs for i, sid in enumerate(n.send_ids)]
+        inputs = leaves + [edge for _, _, edge in received]
         if not inputs:
             return {}
         grads = torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True)
@@ -292,9 +294,9 @@ def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph):
             for leaf, grad in owned.items():
                 ctx.accumulate(leaf, grad)
     outbound = defaultdict(list)
-    for node, grad in zip(recvs, grads[len(leaves):], strict=True):
+    for (origin, send_id, _), grad in zip(received, grads[len(leaves):], strict=True):
         if grad is not None:
-            outbound[node.origin].append((node.send_id, grad))
+            outbound[origin].append((send_id, grad))
     return outbound
 
 

@@ -7,10 +7,9 @@ frontier has two kinds of nodes, and each takes the gradient flowing into it:
 - ``AccumulateGrad`` of a leaf: a pre-hook stores the gradient in the run's :class:`Capture` and
   replaces it by ``None``, so that the node executes (its post hooks run, as under torch's
   engine) but writes nothing to ``.grad`` (``AccumulateGrad`` ignores an undefined gradient);
-- ``RecvBackward`` of a received tensor: its own backward stores the gradient (after any
-  pre-hook a user put on the node), to be shipped to the worker it came from
-  (:func:`capture_recv`; a pre-hook there would cost a second Python call per received tensor
-  per run).
+- ``RecvBackward`` of a received message's tensors: its own backward stores their gradients
+  (after any pre-hook a user put on the node), to be shipped to the worker they came from
+  (:func:`capture_recv`; a pre-hook there would cost a second Python call per run).
 
 The run's capture is found through the autograd thread-local state that torch propagates to
 its device threads (``_torch_compat.autograd_tls_stash``), so a hook on another thread's run, or on a
@@ -124,15 +123,17 @@ def leaf_hook(leaf: torch.Tensor):
     return hook
 
 
-def capture_recv(node, grad) -> None:
-    """Take the gradient flowing into a received tensor's ``RecvBackward`` ``node``, to ship to
-    the worker it came from (called by the node's own backward: functions.py).
+def capture_recv(node, grads) -> None:
+    """Take the gradients flowing into the tensors of one received message, whose
+    ``RecvBackward`` is ``node``, to ship to the worker they came from (called by the node's own
+    backward: functions.py).
 
-    The node carries its identity as attributes set when the tensor was received: ``origin``,
-    ``send_id``, ``context_id`` and the context's ``epoch`` then.
+    The node carries its identity as attributes set when the tensors were received: ``origin``,
+    ``send_ids`` (one per tensor, in output order), ``context_id`` and the context's ``epoch``
+    then.
     """
     cap = _current()
-    if cap is None or grad is None:
+    if cap is None:
         return
     if node.context_id != cap.context_id:
         raise RuntimeError(
@@ -145,4 +146,7 @@ def capture_recv(node, grad) -> None:
             "released by a previous backward(retain_graph=False) in context "
             f"{node.context_id}; pass retain_graph=True to the first backward"
         )
-    cap.recvs.append((node.origin, node.send_id, grad))
+    origin, append = node.origin, cap.recvs.append
+    for send_id, grad in zip(node.send_ids, grads, strict=True):
+        if grad is not None:
+            append((origin, send_id, grad))

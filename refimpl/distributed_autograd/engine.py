@@ -6,7 +6,7 @@
 1. validate the roots (non-empty, scalar, requires grad, has a grad_fn);
 2. run the **local part** of the graph once: ``torch.autograd.backward`` from the roots (seeded
    with ones), the gradients flowing into every leaf's ``AccumulateGrad`` and every received
-   tensor's ``RecvBackward`` taken (capture.py). Leaf gradients are accumulated
+   message's ``RecvBackward`` (one per message: functions.py) taken (capture.py). Leaf gradients are accumulated
    into the context; gradients of received tensors are grouped by the worker they came from;
 3. send **one message per origin worker** carrying the gradients of all its send edges
    (``_receive_gradients``). That worker runs its local part from those send edges in one

@@ -12,12 +12,18 @@ When a tensor that requires grad crosses an RPC made in a context, the sender re
   leaf. The context keeps it under a fresh ``send_id``; when a gradient for that send id comes
   back, the engine runs the local graph from it (autograd accepts edges as roots). No autograd
   node of our own: a Python ``Function`` there would cost a Python call per send in every pass.
-- ``RecvFunction.apply(anchor, _Payload(tensor))`` makes the received tensor require grad and
-  gives it a grad_fn (so it can be a backward root). The tensor itself is returned, not an input
-  of the function (an input returned as output would become a view, and sparse tensors cannot
-  be views). Its node carries ``(origin worker, send_id, context, epoch)``; its backward
-  captures the gradient flowing *into* it during a distributed backward (see
-  ``capture.py``), which the engine ships to the origin.
+- ``RecvFunction.apply(anchor, _Payload(tensors))`` makes the received tensors of one message
+  require grad and gives them one grad_fn, shared (so each can be a backward root). The tensors
+  themselves are returned, not inputs of the function (an input returned as output would become
+  a view, and sparse tensors cannot be views). The node carries ``(origin worker, send ids,
+  context, epoch)``; its backward captures the gradients flowing *into* those tensors during a
+  distributed backward (see ``capture.py``), which the engine ships to the origin.
+
+[Note: one recv node per message]
+Like torch's ``RecvRpcBackward``, one node serves every tensor of a message: autograd runs it
+once per local run, after every use of any of its tensors, with a gradient per tensor (``None``
+for one that got none). A node per tensor cost a Python call per received tensor in every run
+(100 small tensors: 0.36 ms of a 1.2 ms run), and an ``apply`` per tensor when receiving.
 
 On the wire a recorded tensor travels as a detached tensor inside a ``WireTensor`` marker.
 Nested tuples, lists (and namedtuples) and dicts are walked; other objects pass unchanged.
@@ -35,26 +41,26 @@ from .context import DistAutogradContext
 
 
 class _Payload:
-    """Carries the received tensor into ``RecvFunction.forward`` without making it an input."""
+    """Carries the received tensors into ``RecvFunction.forward`` without making them inputs."""
 
-    __slots__ = ("tensor",)
+    __slots__ = ("tensors",)
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
 
 
 class RecvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, payload):  # noqa: D102
         ctx.set_materialize_grads(False)  # no gradient stays None: nothing to ship
-        return payload.tensor
+        return tuple(payload.tensors)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: D102
-        # In a distributed backward's local run: take the gradient to ship (capture.py). In a
+    def backward(ctx, *grads):  # noqa: D102
+        # In a distributed backward's local run: take the gradients to ship (capture.py). In a
         # plain local backward through a received tensor: nothing, gradients of received
         # tensors flow back only through distributed backward.
-        capture_recv(ctx, grad)
+        capture_recv(ctx, grads)
         return None, None
 
 
@@ -129,24 +135,36 @@ def pack(ctx: DistAutogradContext, dst: int, obj: Any) -> tuple[Any, int]:
     return packed, count
 
 
+def _wires(obj: Any, out: list) -> None:
+    """Append every ``WireTensor`` in ``obj`` to ``out``, in ``_map``'s order."""
+    if isinstance(obj, WireTensor):
+        out.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _wires(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _wires(o, out)
+
+
 def unpack(ctx: DistAutogradContext, origin: int, obj: Any) -> Any:
-    """Attach every ``WireTensor`` in ``obj`` to a ``RecvFunction`` for ``(origin, send_id)``."""
-    found = False
-
-    def one(t):
-        nonlocal found
-        if not isinstance(t, WireTensor):
-            return t
-        found = True
-        with torch.enable_grad():
-            out = RecvFunction.apply(ctx.anchor, _Payload(t.tensor))
-        node = out.grad_fn
-        node.origin, node.send_id = origin, t.send_id
-        node.context_id, node.epoch = ctx.context_id, ctx.graph_epoch
-        return out
-
-    out = _map(obj, one)
-    if found:
-        with ctx.lock:
-            ctx.known_workers.add(origin)
-    return out
+    """Attach the ``WireTensor``s in ``obj`` to one ``RecvFunction`` for ``origin`` and their
+    send ids (see [Note: one recv node per message])."""
+    wires: list[WireTensor] = []
+    _wires(obj, wires)
+    if not wires:
+        return obj
+    tensors, seen = [], set()
+    for w in wires:  # each output its own tensor object, as autograd wants
+        t = w.tensor if id(w.tensor) not in seen else w.tensor.detach()
+        seen.add(id(t))
+        tensors.append(t)
+    with torch.enable_grad():
+        received = RecvFunction.apply(ctx.anchor, _Payload(tensors))
+    node = received[0].grad_fn
+    node.origin, node.send_ids = origin, [w.send_id for w in wires]
+    node.context_id, node.epoch = ctx.context_id, ctx.graph_epoch
+    with ctx.lock:
+        ctx.known_workers.add(origin)
+    outputs = iter(received)
+    return _map(obj, lambda t: next(outputs) if isinstance(t, WireTensor) else t)

@@ -55,9 +55,33 @@ def test_unpack_attaches_recv_functions():
     out = unpack(ctx, 0, {"a": [wire], "b": 2})
     t = out["a"][0]
     assert t.requires_grad and isinstance(t.grad_fn, RecvBackward)
-    assert (t.grad_fn.origin, t.grad_fn.send_id, t.grad_fn.context_id) == (0, 4, ctx.context_id)
+    assert (t.grad_fn.origin, t.grad_fn.send_ids, t.grad_fn.context_id) == (0, [4], ctx.context_id)
     assert torch.equal(t, torch.arange(3.0)) and out["b"] == 2
     assert ctx.known_workers == {0}
+
+
+def test_one_recv_node_per_message_routes_each_gradient_to_its_send_id():
+    """A message's tensors share one node (torch's RecvRpcBackward is per message too); each
+    gradient still goes back under its own send id, and an unused tensor sends nothing."""
+    sender = ContextContainer(0).new_context()
+    receiver = ContextContainer(1).get_or_create(sender.context_id)
+    a, b, c = (torch.randn(3, requires_grad=True) for _ in range(3))
+    packed, count = pack(sender, 1, {"x": [a * 1, b * 2], "y": (c * 3, 5)})
+    assert count == 3
+    out = unpack(receiver, 0, packed)
+    (x0, x1), (y0, five) = out["x"], out["y"]
+    assert x0.grad_fn is x1.grad_fn is y0.grad_fn and five == 5
+    assert isinstance(x0.grad_fn, RecvBackward) and len(x0.grad_fn.send_ids) == 3
+    outbound = _run_local(receiver, [(x0 * 10 + y0 * 1000).sum()], [torch.ones(())], False)
+    by_id = dict(outbound[0])
+    assert len(by_id) == 2  # x1 unused: no gradient for its send id
+    for sid, scale in zip(x0.grad_fn.send_ids[::2], (10.0, 1000.0), strict=True):
+        torch.testing.assert_close(by_id[sid], torch.full((3,), scale))
+        send_output, _ = sender.sends[sid]
+        assert _run_local(sender, [send_output], [by_id[sid]], retain_graph=True) == {}
+    torch.testing.assert_close(sender.grads[a], torch.full((3,), 10.0))
+    torch.testing.assert_close(sender.grads[c], torch.full((3,), 3000.0))
+    assert b not in sender.grads
 
 
 def test_loopback_send_recv_routes_gradients():
