@@ -135,6 +135,10 @@ def capture_recv(node, grads) -> None:
     cap = _current()
     if cap is None:
         return
+    origin = node.origin
+    got = [(origin, sid, g) for sid, g in zip(node.send_ids, grads, strict=True) if g is not None]
+    if not got:  # nothing flows back through these tensors: nothing to ship, nothing to check
+        return
     if node.context_id != cap.context_id:
         raise RuntimeError(
             f"a tensor received in autograd context {node.context_id} is part of the graph of "
@@ -146,7 +150,4 @@ def capture_recv(node, grads) -> None:
             "released by a previous backward(retain_graph=False) in context "
             f"{node.context_id}; pass retain_graph=True to the first backward"
         )
-    origin, append = node.origin, cap.recvs.append
-    for send_id, grad in zip(node.send_ids, grads, strict=True):
-        if grad is not None:
-            append((origin, send_id, grad))
+    cap.recvs.extend(got)

@@ -23,7 +23,11 @@ When a tensor that requires grad crosses an RPC made in a context, the sender re
 Like torch's ``RecvRpcBackward``, one node serves every tensor of a message: autograd runs it
 once per local run, after every use of any of its tensors, with a gradient per tensor (``None``
 for one that got none). A node per tensor cost a Python call per received tensor in every run
-(100 small tensors: 0.36 ms of a 1.2 ms run), and an ``apply`` per tensor when receiving.
+(100 small tensors: 0.36 ms of a 1.2 ms run), and an ``apply`` per tensor when receiving. As
+with torch's node, and with any autograd node of several outputs: a pre-hook on the node gets
+one gradient per tensor of the message, and a hook on a received tensor that the graph does not
+use is called with ``None`` when the node runs for its siblings. A call's args and kwargs are
+one message.
 
 On the wire a recorded tensor travels as a detached tensor inside a ``WireTensor`` marker.
 Nested tuples, lists (and namedtuples) and dicts are walked; other objects pass unchanged.

@@ -73,8 +73,7 @@ def _call_in_context(context_id: int, origin: int, func, args, kwargs, send_back
     if isinstance(func, _ScriptTarget):
         func = func.resolve()
     ctx = container().get_or_create(context_id)
-    args = unpack(ctx, origin, args)
-    kwargs = unpack(ctx, origin, kwargs)
+    args, kwargs = unpack(ctx, origin, (args, kwargs))  # one message: one recv node
     with _as_current(ctx):
         result = func(*args, **kwargs)
     if not send_back:

@@ -158,3 +158,32 @@ def test_send_edge_of_a_sparse_leaf_is_its_accumulator():
     assert type(edge.node).__name__ == "AccumulateGrad" and edge.node.variable is s
     torch.autograd.backward([edge], [torch.sparse_coo_tensor([[0]], [5.0], (3,))])
     assert s.grad.is_sparse and torch.equal(s.grad.to_dense(), torch.tensor([5.0, 0.0, 0.0]))
+
+
+class _NoGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+def test_a_recv_node_that_gets_no_gradient_is_not_checked_against_the_run():
+    """A tensor received in one context may sit in another context's graph on a path that gives
+    it no gradient: the shared node runs with only Nones, which is nothing to ship, not an
+    error (one node per tensor never ran then)."""
+    sender, receiver = ContextContainer(0), ContextContainer(1)
+    first = sender.new_context()
+    a = torch.randn(2, requires_grad=True)
+    packed, _ = pack(first, 1, (a * 1,))
+    (x,) = unpack(receiver.get_or_create(first.context_id), 0, packed)
+    second = receiver.get_or_create(sender.new_context().context_id)
+    w = torch.randn(2, requires_grad=True)
+    loss = (_NoGrad.apply(x) * w).sum()
+    assert _run_local(second, [loss], [torch.ones(())], retain_graph=False) == {}
+    torch.testing.assert_close(second.grads[w], x.detach())
+    # With a gradient, the same crossing is still refused.
+    with pytest.raises(RuntimeError, match="received in autograd context"):
+        _run_local(second, [(x * w).sum()], [torch.ones(())], retain_graph=False)
