@@ -130,21 +130,25 @@ def test_gradients_are_accumulated_per_leaf(dtype):
     assert torch.equal(ctx.grads[w], torch.full((2,), 6.0, dtype=dtype))
 
 
-class _Triple(torch.autograd.Function):
+class _Scale(torch.autograd.Function):
+    """``x * 1``, a Python node whose backward scales the gradient by ``factor`` (``None``: no
+    gradient at all)."""
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, factor):
+        ctx.factor = factor
         return x * 1
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * 3
+        return (None if ctx.factor is None else grad * ctx.factor), None
 
 
 def test_send_edge_keeps_a_python_node_alive_after_the_tensor_is_gone():
     import gc
 
     w = torch.ones(3, requires_grad=True)
-    y = _Triple.apply(w)
+    y = _Scale.apply(w, 3.0)
     edge = send_edge(y)
     del y
     gc.collect()
@@ -160,16 +164,6 @@ def test_send_edge_of_a_sparse_leaf_is_its_accumulator():
     assert s.grad.is_sparse and torch.equal(s.grad.to_dense(), torch.tensor([5.0, 0.0, 0.0]))
 
 
-class _NoGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1
-
-    @staticmethod
-    def backward(ctx, grad):
-        return None
-
-
 def test_a_recv_node_that_gets_no_gradient_is_not_checked_against_the_run():
     """A tensor received in one context may sit in another context's graph on a path that gives
     it no gradient: the shared node runs with only Nones, which is nothing to ship, not an
@@ -181,7 +175,7 @@ def test_a_recv_node_that_gets_no_gradient_is_not_checked_against_the_run():
     (x,) = unpack(receiver.get_or_create(first.context_id), 0, packed)
     second = receiver.get_or_create(sender.new_context().context_id)
     w = torch.randn(2, requires_grad=True)
-    loss = (_NoGrad.apply(x) * w).sum()
+    loss = (_Scale.apply(x, None) * w).sum()
     assert _run_local(second, [loss], [torch.ones(())], retain_graph=False) == {}
     torch.testing.assert_close(second.grads[w], x.detach())
     # With a gradient, the same crossing is still refused.
