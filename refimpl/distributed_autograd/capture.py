@@ -12,19 +12,19 @@ frontier has two kinds of nodes, and each takes the gradient flowing into it:
   (:func:`capture_recv`; a pre-hook there would cost a second Python call per run).
 
 The run's capture is found through the autograd thread-local state that torch propagates to
-its device threads (``_torch_compat.autograd_tls_stash``), so a hook on another thread's run, or on a
-plain local ``loss.backward()``, leaves the gradient alone (several contexts may share a leaf
-concurrently: each run's hook sees only its own capture).
+its device threads (``_torch_compat.autograd_tls_stash``), so a hook on another thread's run,
+or on a plain local ``loss.backward()``, leaves the gradient alone (several contexts may share
+a leaf concurrently: each run's hook sees only its own capture).
 
 [Note: the leaf hook stays, and goes last]
 A leaf's capture hook is registered once, on the first run that reaches its node, and kept
 (registering and removing it on every run cost ~8 us per leaf: 0.8 ms per pass with 100
 leaves; a leaf whose graph is built anew every iteration still gets a new node, and a new
-registration, each time). A pre-hook a user registers on the node must still run *before* the capture and see
-the gradient, so a run that finds the capture hook no longer last in the node's pre-hook dict
-(which autograd runs in insertion order) registers it again, last, and removes the old one
-(:func:`install_leaf_hook`). Outside a distributed run the kept hook
-returns at once: a plain ``backward`` through the leaf pays one Python call.
+registration, each time). A pre-hook a user registers on the node must still run *before* the
+capture and see the gradient, so a run that finds the capture hook no longer last in the node's
+pre-hook dict (which autograd runs in insertion order) registers it again, last, and removes
+the old one (:func:`install_leaf_hook`). Outside a distributed run the kept hook returns at
+once: a plain ``backward`` through the leaf pays one Python call.
 """
 
 from __future__ import annotations

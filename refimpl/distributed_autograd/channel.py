@@ -14,7 +14,8 @@ What travels here: the engine's gradient messages and credit returns,
 ``DistributedOptimizer.step``'s calls and ``to_here``'s fetches by key, whose tensors are all
 dense CPU tensors (``frames.carries``; the wire format is frames.py). Everything else stays on
 torch's RPC agent: sparse gradients, CUDA gradients (the agent's device maps apply to them),
-context and graph releases, and every RPC of the forward. Set ``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
+context and graph releases, and every RPC of the forward. Set
+``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
 
 Connections. One TCP connection per (sender, receiver) pair, opened in the background after
 the first call (which goes over RPC, as does every call until the connection is open: [Note:

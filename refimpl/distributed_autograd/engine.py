@@ -6,8 +6,9 @@
 1. validate the roots (non-empty, scalar, requires grad, has a grad_fn);
 2. run the **local part** of the graph once: ``torch.autograd.backward`` from the roots (seeded
    with ones), the gradients flowing into every leaf's ``AccumulateGrad`` and every received
-   message's ``RecvBackward`` (one per message: functions.py) taken (capture.py). Leaf gradients are accumulated
-   into the context; gradients of received tensors are grouped by the worker they came from;
+   message's ``RecvBackward`` (one per message: functions.py) taken (capture.py). Leaf
+   gradients are accumulated into the context; gradients of received tensors are grouped by the
+   worker they came from;
 3. send **one message per origin worker** carrying the gradients of all its send edges
    (``_receive_gradients``). That worker runs its local part from those send edges in one
    ``torch.autograd.backward`` call, accumulates, and sends on to *its* origins in turn. The
@@ -359,13 +360,14 @@ def _end_pass(context_id: int) -> None:
 
 
 def _release(context_id: int, sender: int) -> None:
-    """Drop ``context_id`` here and pass the release on to the workers it reached from here
-    (see [Note: context release])."""
+    """Drop ``context_id`` here and pass the release on to the workers it reached from here,
+    ``sender`` excepted (see [Note: context release])."""
     cont = container()
     ctx = cont.pop(context_id)
     if ctx is None:
         return
     with ctx.lock:
+        ctx.pending_releases.clear()  # the context release drops those graphs too
         targets = [w for w in ctx.known_workers if w not in (cont.worker_id, sender)]
     ctx.release_graph()
     _tell_release(context_id, cont.worker_id, targets)
@@ -470,15 +472,7 @@ def release_context(context_id: int) -> None:
     debug info can show the context for the few messages' time it takes. A release that fails
     (the worker is gone) is reported as a ``RuntimeWarning``.
     """
-    cont = container()
-    ctx = cont.pop(context_id)
-    if ctx is None:
-        return
-    with ctx.lock:
-        ctx.pending_releases.clear()  # the context release below drops those graphs too
-        targets = [w for w in ctx.known_workers if w != cont.worker_id]
-    ctx.release_graph()
-    _tell_release(context_id, cont.worker_id, targets)
+    _release(context_id, sender=container().worker_id)  # as if this worker had been told
 
 
 def _get_debug_info() -> dict[str, int]:

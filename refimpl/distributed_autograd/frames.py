@@ -120,12 +120,10 @@ def _flatten(parts: list, shapes: list) -> torch.Tensor:
     often one shape, and often views (a sum's gradient is an expanded scalar), which
     ``flatten_dense`` would first copy one by one (100 expanded gradients: 184 us; ``cat``:
     21 us)."""
-    if len(set(shapes)) == 1:
-        if len(shapes[0]) == 1:
-            return torch.cat(parts)
-        return torch.stack(parts).reshape(-1)
     if all(len(shape) == 1 for shape in shapes):
         return torch.cat(parts)
+    if len(set(shapes)) == 1:
+        return torch.stack(parts).reshape(-1)
     return flatten_dense(parts)
 
 
