@@ -67,7 +67,7 @@ def _wrap(module, name: str, stage: str) -> None:
 
 
 def instrument() -> None:
-    from refimpl.distributed_autograd import engine
+    from refimpl.distributed_autograd import engine, lifetime
     from refimpl.distributed_autograd.context import DistAutogradContext
 
     _wrap(engine, "_collect_leaves", "walk")
@@ -76,7 +76,7 @@ def instrument() -> None:
     _wrap(DistAutogradContext, "accumulate", "accumulate")
     _wrap(engine, "_run_local", "local run (all above + hooks)")
     _wrap(engine, "_send_on", "send on")
-    _wrap(engine, "_end_pass_on", "end-pass")
+    _wrap(lifetime, "end_pass_on", "end-pass")
 
 
 def reset() -> None:

@@ -9,7 +9,8 @@ Mirrors ``torch.distributed.autograd`` + ``torch.distributed.rpc``::
         dist_autograd.backward(context_id, [y.sum()])
         grads = dist_autograd.get_gradients(context_id)
 
-Modules: ``context`` (ids, thread-local current context, container), ``functions`` (send/recv
+Modules: ``context`` (ids, thread-local current context, container), ``lifetime`` (opening
+and releasing contexts and graphs on every worker), ``functions`` (send/recv
 autograd functions and payload packing), ``engine`` (backward, cleanup, debug info), ``rpc``
 (recording wrappers), ``optimizer`` (DistributedOptimizer).
 """
@@ -17,11 +18,11 @@ autograd functions and payload packing), ``engine`` (backward, cleanup, debug in
 from .context import (
     _current_context,
     _retrieve_context,
-    context,
     current_context_id,
     get_gradients,
 )
 from .engine import _get_debug_info, backward, debug_info
+from .lifetime import _get_max_id, _new_context, _release_context, context
 from .optimizer import DistributedOptimizer
 from .rpc import remote, rpc_async, rpc_sync, to_here
 
@@ -38,5 +39,8 @@ __all__ = [
     "to_here",
     "_current_context",
     "_get_debug_info",
+    "_get_max_id",
+    "_new_context",
+    "_release_context",
     "_retrieve_context",
 ]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.graph import GradientEdge
+from torch.distributed import rpc
 
 from .._torch_compat import current_rpc_agent
 from .channel import Channel
@@ -63,7 +64,7 @@ class DistAutogradContext:
     graph_epoch: int = 0
     # Workers whose part of the graph a finished backward(retain_graph=False) released here but
     # not yet there: told before this context sends anything again (next RPC or backward), and
-    # not at all when the context exits first (see engine.py [Note: deferred release]).
+    # not at all when the context exits first (see lifetime.py [Note: deferred release]).
     pending_releases: list = field(default_factory=list)
     _send_ids: Iterator[int] = field(default_factory=itertools.count)
 
@@ -74,32 +75,6 @@ class DistAutogradContext:
     def _known_worker_ids(self) -> set[int]:
         with self.lock:
             return set(self.known_workers)
-
-    def drain_releases(self) -> None:
-        """Tell the workers of ``pending_releases`` to drop this context's graph; wait for them."""
-        with self.lock:
-            pending, self.pending_releases = self.pending_releases, []
-        if not pending:
-            return
-        from torch.distributed import rpc
-
-        from .engine import _end_pass
-
-        futs = [(w, rpc.rpc_async(w, _end_pass, args=(self.context_id,))) for w in pending]
-        errors = []
-        for worker, fut in futs:
-            try:
-                fut.wait()
-            except Exception as exc:
-                errors.append(f"worker {worker}: {exc}")
-        if errors:
-            import warnings
-
-            warnings.warn(
-                f"releasing the graph of autograd context {self.context_id} failed on "
-                + "; ".join(errors),
-                stacklevel=3,
-            )
 
     def add_send(self, edge: GradientEdge, dst: int) -> int:
         with self.lock:
@@ -273,8 +248,6 @@ def _channel_address() -> tuple[str, int, bytes]:
 
 def _peer_channel_address(dst: int):
     """A future of worker ``dst``'s channel address (asked over RPC, never waited on here)."""
-    from torch.distributed import rpc
-
     return rpc.rpc_async(dst, _channel_address)
 
 
@@ -292,38 +265,6 @@ def _as_current(ctx: DistAutogradContext | None) -> Iterator[None]:
         yield
     finally:
         _tls.ctx = previous
-
-
-@contextlib.contextmanager
-def context() -> Iterator[int]:
-    """Open a distributed autograd context on this thread; yields its id.
-
-    Usage::
-
-        with refimpl.distributed_autograd.context() as context_id:
-            loss = rpc_sync("worker1", torch.mul, args=(x, w)).sum()
-            backward(context_id, [loss])
-            grads = get_gradients(context_id)   # {x: ..., w: ...} on this worker
-        # leaving the block releases the context here and on every worker it reached
-
-    Contexts do not nest: opening one while this thread already has one raises.
-    """
-    active = current_context()
-    if active is not None:
-        raise RuntimeError(
-            "Already have an autograd context id for this thread "
-            f"(context {active.context_id}); distributed autograd contexts do not nest, "
-            "exit the current `with context()` block first"
-        )
-    ctx = container().new_context()
-    _tls.ctx = ctx
-    try:
-        yield ctx.context_id
-    finally:
-        _tls.ctx = None
-        from .engine import release_context
-
-        release_context(ctx.context_id)
 
 
 def _current_context() -> DistAutogradContext:

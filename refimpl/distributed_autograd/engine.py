@@ -16,8 +16,8 @@
    (credit.py [Note: credit]) — so when ``backward`` returns, every worker the graph reaches
    has finished, without a chain of answers retracing the chain of messages;
 4. unless ``retain_graph``, tell every reached worker to drop the send edges of the
-   context (``_end_pass``, off the critical path: [Note: deferred release]); the gradients
-   stay in each worker's context until it is released.
+   context (off the critical path: lifetime.py [Note: deferred release]); the gradients stay
+   in each worker's context until it is released.
 
 [Note: several messages for one worker]
 A worker can receive gradients for its send edges in several messages of one pass (fan-out
@@ -43,7 +43,6 @@ bookkeeping is undone on every worker whatever happens.
 from __future__ import annotations
 
 import functools
-import warnings
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
@@ -51,7 +50,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from .._torch_compat import engine_run_backward, sparse_values
-from . import capture, messaging
+from . import capture, lifetime, messaging
 from . import credit as credit_mod
 from .capture import install_leaf_hook
 from .context import DistAutogradContext, container
@@ -353,45 +352,6 @@ def _merge_items(ctx: DistAutogradContext, messages) -> tuple[list, list]:
     return [entries[sid][0] for sid in by_id], list(by_id.values())
 
 
-def _end_pass(context_id: int) -> None:
-    ctx = container().lookup(context_id)
-    if ctx is not None:
-        ctx.release_graph()
-
-
-def _release(context_id: int, sender: int) -> None:
-    """Drop ``context_id`` here and pass the release on to the workers it reached from here,
-    ``sender`` excepted (see [Note: context release])."""
-    cont = container()
-    ctx = cont.pop(context_id)
-    if ctx is None:
-        return
-    with ctx.lock:
-        ctx.pending_releases.clear()  # the context release drops those graphs too
-        targets = [w for w in ctx.known_workers if w not in (cont.worker_id, sender)]
-    ctx.release_graph()
-    _tell_release(context_id, cont.worker_id, targets)
-
-
-def _tell_release(context_id: int, me: int, targets) -> None:
-    """Send the release to ``targets`` as RPCs and return (see [Note: context release])."""
-    for w in targets:
-        done = functools.partial(_release_answered, context_id, w)
-        try:
-            messaging.send_rpc(w, _release, (context_id, me), done)
-        except Exception as exc:
-            done(None, f"{exc}")
-
-
-def _release_answered(context_id: int, worker: int, answer, error: str | None) -> None:
-    if error is not None:
-        warnings.warn(
-            f"could not release autograd context {context_id} on worker {worker}: {error}",
-            RuntimeWarning,
-            stacklevel=1,
-        )
-
-
 # public ------------------------------------------------------------------------------------------
 def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool = False) -> None:
     """Run the distributed backward pass of ``context_id`` from ``roots``.
@@ -409,7 +369,7 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
     cont = container()
     ctx = cont.retrieve(context_id)
     roots = validate_roots(roots)
-    ctx.drain_releases()  # see [Note: deferred release]
+    lifetime.drain_releases(ctx)  # see lifetime.py [Note: deferred release]
     me = cont.worker_id
     cont.pass_started(context_id)
     pass_id, tracker = credit_mod.registry.start(me)
@@ -433,46 +393,13 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
             else:
                 _send_on(ctx, me, me, pass_id, outbound, retain_graph, share, path)
         if not retain_graph:
-            _end_pass_on(ctx, tracker.reached, me)
+            lifetime.end_pass_on(ctx, tracker.reached, me)
     finally:
         credit_mod.registry.finish(pass_id)
         cont.pass_finished(context_id)
     if tracker.error is not None:
         node, message = tracker.error
         raise RuntimeError(f"Error on Node {node}: {message}")
-
-
-def _end_pass_on(ctx: DistAutogradContext, workers, me: int) -> None:
-    """Release the graph of the pass here now, and on the other reached workers later.
-
-    [Note: deferred release] Telling the other workers costs one message each; it is not paid
-    on the backward's critical path. The workers are remembered and told before this context
-    sends anything again (next RPC or backward: so a release can never clear send edges of
-    a later forward); when the context exits first, the context release drops everything there
-    anyway and the messages are never sent (the common case: one backward per context).
-    """
-    ctx.release_graph()
-    with ctx.lock:
-        ctx.pending_releases.extend(w for w in workers if w != me)
-
-
-def release_context(context_id: int) -> None:
-    """Delete ``context_id`` here now, and on every worker it reached without waiting (called
-    on context exit).
-
-    [Note: context release]
-    Exiting a context sends one release RPC to each worker the context reached, and each of
-    those passes it on to the workers *it* reached; nobody waits for them, as with torch (its
-    context exit sends its cleanup requests and returns). A round trip per reached worker on
-    every context exit was a third of a parameter-server training step. Releases stay RPCs,
-    not channel messages: they then follow, on the same agent, the forward's RPCs that nobody
-    waited for (a ``remote()`` never fetched), so a release does not overtake the message that
-    creates the context there; and a graceful ``rpc.shutdown()`` waits for them. Context ids are
-    not reused within one RPC world, so a late release cannot drop a newer context; a worker's
-    debug info can show the context for the few messages' time it takes. A release that fails
-    (the worker is gone) is reported as a ``RuntimeWarning``.
-    """
-    _release(context_id, sender=container().worker_id)  # as if this worker had been told
 
 
 def _get_debug_info() -> dict[str, int]:

@@ -31,7 +31,7 @@ def send(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
 
 def send_rpc(dst: int, fn, args: tuple, on_done) -> None:
     """``send``, always as an RPC through torch's agent (for messages that must keep their
-    order behind the agent's other RPCs: engine.py [Note: context release])."""
+    order behind the agent's other RPCs: lifetime.py [Note: context release])."""
     fut = rpc.rpc_async(dst, fn, args=args)
     fut.add_done_callback(functools.partial(_rpc_answered, on_done))
 

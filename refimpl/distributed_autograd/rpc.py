@@ -36,7 +36,7 @@ from torch.distributed import rpc
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
 from .._torch_compat import find_script_function, rref_class
-from . import messaging
+from . import lifetime, messaging
 from .context import _as_current, container, current_context
 from .frames import carries
 from .functions import pack, unpack
@@ -92,10 +92,10 @@ def _remote_create(context_id, origin, func, args, kwargs):
 
 def _reach(ctx, dst: int) -> None:
     """Before a message of context ``ctx`` goes to worker ``dst``: send the graph releases
-    still owed (engine.py [Note: deferred release]), and count ``dst`` as reached. The callee
+    still owed (lifetime.py [Note: deferred release]), and count ``dst`` as reached. The callee
     creates the context even when no tensor requiring grad travels (its answer may carry one):
     it must be released there too."""
-    ctx.drain_releases()
+    lifetime.drain_releases(ctx)
     with ctx.lock:
         ctx.known_workers.add(dst)
 

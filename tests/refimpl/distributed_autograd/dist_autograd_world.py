@@ -46,7 +46,7 @@ def worker_name(rank: int) -> str:
 def wait_nothing_left(world_size: int, timeout: float = 60.0) -> None:
     """Wait until no worker holds a context or a pass; fail naming what is left after
     ``timeout`` s. A context exit releases the other workers without waiting for them
-    (engine.py [Note: context release]), so a check right after it must allow for the messages
+    (lifetime.py [Note: context release]), so a check right after it must allow for the messages
     in flight; a leak never clears."""
     import time
 
