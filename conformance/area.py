@@ -25,16 +25,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-# The area names, first: the catalogues below build `Scenario`s at import, which check their
-# area against this (the registry at the bottom must list exactly these, in this order).
-NAMES: tuple[str, ...] = ("ddp", "data_parallel", "dist_autograd", "bucketer", "sharded")
-
-from conformance.catalogue import bucketer as bucketer_catalogue  # noqa: E402
-from conformance.catalogue import data_parallel as data_parallel_catalogue  # noqa: E402
-from conformance.catalogue import ddp as ddp_catalogue  # noqa: E402
-from conformance.catalogue import dist_autograd as dist_autograd_catalogue  # noqa: E402
-from conformance.catalogue import sharded as sharded_catalogue  # noqa: E402
-from conformance.runners import bucketer, data_parallel, ddp, dist_autograd  # noqa: E402
+from conformance import catalogue
+from conformance.runners import bucketer, data_parallel, ddp, dist_autograd
+from conformance.spec import AREA_NAMES as NAMES  # the names are vocabulary; this is the registry
+from conformance.topology import choose_topology
 
 
 @dataclass(frozen=True)
@@ -58,8 +52,6 @@ class Area:
 
     def topology(self, scenario):
         """Where a scenario of this area runs: a world of its size on its (or the area's) device."""
-        from conformance.harness.context import choose_topology
-
         return choose_topology(scenario.world_size, self.rank_device or scenario.device)
 
 
@@ -74,20 +66,21 @@ AREAS: dict[str, Area] = {
     a.name: a
     for a in (
         Area("ddp", "the DDP contract: construction sync, averaged grads, no_sync, unused parameters, buffers",
-             ddp_catalogue.scenarios, ddp.run, ddp.judge, _baseline_oracle),
+             catalogue.SCENARIOS["ddp"], ddp.run, ddp.judge, _baseline_oracle),
         Area("data_parallel", "single-process replicate/scatter/gather vs one full-batch backward",
-             data_parallel_catalogue.scenarios, data_parallel.run, data_parallel.judge, data_parallel.oracle_forward,
+             catalogue.SCENARIOS["data_parallel"], data_parallel.run, data_parallel.judge, data_parallel.oracle_forward,
              in_process=True),
         Area("dist_autograd", "gradients in distributed-autograd contexts vs local autograd over the same composition",
-             dist_autograd_catalogue.scenarios, dist_autograd.run, dist_autograd.judge, dist_autograd.oracle,
+             catalogue.SCENARIOS["dist_autograd"], dist_autograd.run, dist_autograd.judge, dist_autograd.oracle,
              rank_device="cpu"),
         Area("bucketer", "bucketed reduce-scatter = exact sum of chunks; callbacks exactly once, in order",
-             bucketer_catalogue.scenarios, bucketer.run, bucketer.judge, bucketer.expected_result),
+             catalogue.SCENARIOS["bucketer"], bucketer.run, bucketer.judge, bucketer.expected_result),
         Area("sharded", "the DDP contract on gathered (unsharded) grads and params",
-             sharded_catalogue.scenarios, ddp.run, ddp.judge, _baseline_oracle),
+             catalogue.SCENARIOS["sharded"], ddp.run, ddp.judge, _baseline_oracle),
     )
 }
 assert tuple(AREAS) == NAMES, "conformance.area: NAMES and AREAS disagree"
+assert {n: a.scenarios for n, a in AREAS.items()} == catalogue.SCENARIOS, "conformance.area: catalogues disagree"
 
 
 def get(name: str) -> Area:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import functools
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from conformance import baseline_features
+from conformance.baseline_events import Baseline, Expected, Grads, dense, load_buffers
 from conformance.models.data import build_model, loss_fn, make_inputs, make_optimizer
 from conformance.semantics import (
     TORCH_DDP,
@@ -41,49 +42,6 @@ from conformance.semantics import (
     Unused,
 )
 from conformance.spec import Scenario
-
-Grads = dict[str, Tensor | None]
-
-
-@dataclass
-class Expected:
-    """One comparison point. `per_rank[r]` is what rank r must hold."""
-
-    kind: str  # "backward" | "step"
-    step: int
-    micro: int
-    synced: bool
-    per_rank: list[dict[str, Tensor | None]]
-    # After a step, what each rank's buffers must be: rank 0's state at the forward, then the
-    # rank's own update. Ranks other than 0 are only modelled (not None) with one micro-batch
-    # per step: under no_sync, DDP skips the broadcast at the next forward.
-    buffers: list[dict[str, Tensor] | None] = field(default_factory=list)
-
-    def where(self) -> str:
-        if self.kind == "joined":
-            return "after join (every rank must hold the model of the last rank to run out of data)"
-        if self.kind == "step":
-            return f"after optimizer step {self.step}"
-        sync = "synced" if self.synced else "no_sync"
-        return f"after backward (step {self.step}, micro-batch {self.micro}, {sync})"
-
-
-@dataclass
-class Baseline:
-    scenario: Scenario
-    init_params: dict[str, Tensor]
-    init_buffers: dict[str, Tensor]
-    events: list[Expected]
-    # Per-rank state after construction where a declared rule leaves ranks unsynchronized
-    # (construction sync at the first forward; buffers never synchronized); None: rank 0's.
-    init_params_ranks: list[dict[str, Tensor]] | None = None
-    init_buffers_ranks: list[dict[str, Tensor]] | None = None
-
-    def init_for(self, rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        params = self.init_params_ranks[rank] if self.init_params_ranks else self.init_params
-        buffers = self.init_buffers_ranks[rank] if self.init_buffers_ranks else self.init_buffers
-        return params, buffers
-
 
 _THREADS_LOCK = threading.Lock()  # torch's thread count is process-global
 
@@ -98,13 +56,6 @@ def _single_thread():
             yield
         finally:
             torch.set_num_threads(before)
-
-
-def _dense(t: Tensor | None) -> Tensor | None:
-    if t is None:
-        return None
-    t = t.detach()
-    return t.coalesce().to_dense() if t.is_sparse else t.clone()
 
 
 def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -132,8 +83,6 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
     """The oracle for `scenario` under the declared `semantics`, computed once per process."""
     with _single_thread():
         if scenario.features:  # join, AMP, compile ...: conformance.baseline_features
-            from conformance import baseline_features
-
             return baseline_features.compute(scenario, semantics)
         return _compute(scenario, semantics)
 
@@ -187,7 +136,7 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
             for rank in range(W):
                 # torch DDP: every rank forwards from rank 0's buffers; otherwise its own.
                 start = rank_buffers[0] if sem.buffers == Buffers.BEFORE_FORWARD else rank_buffers[rank]
-                _load_buffers(model, start)
+                load_buffers(model, start)
                 (x,) = make_inputs(
                     scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
                     size=scenario.shard_size(rank), dtype=scenario.dtype, device=scenario.device,
@@ -198,7 +147,7 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
                 else:
                     grads = [None] * len(params)
                 for (name, _), g in zip(named, grads, strict=True):
-                    g = _dense(g)
+                    g = dense(g)
                     if mean and g is not None:
                         g = g / scenario.micro_batches
                     local[rank][name] = _add(local[rank][name], g)
@@ -209,14 +158,14 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
                 rank_buffers = [after_forward[0]] * W  # rank 0's buffers broadcast after backward
             else:
                 rank_buffers = after_forward
-            _load_buffers(model, rank_buffers[0])
+            load_buffers(model, rank_buffers[0])
             if synced:
                 avg = average(local, W)
                 if sem.unused == Unused.ZEROS:
                     avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
                 baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
             else:
-                snapshot = [{n: _dense(g) for n, g in grads.items()} for grads in local]
+                snapshot = [{n: dense(g) for n, g in grads.items()} for grads in local]
                 baseline.events.append(Expected("backward", step, micro, False, snapshot))
         if optimizer is not None:
             for name, p in named:
@@ -234,9 +183,3 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
             per_rank = list(rank_buffers)
         baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=per_rank))
     return baseline
-
-
-def _load_buffers(model: torch.nn.Module, values: dict[str, Tensor]) -> None:
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            b.copy_(values[name])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.baseline import Baseline, Expected, _dense, _load_buffers
+from conformance.baseline_events import Baseline, Expected, dense, load_buffers
 from conformance.features import (
     Features,
     apply_requires_grad,
@@ -70,7 +70,7 @@ def compute(scenario: Scenario, semantics=None) -> Baseline:
         rank0_buffers, after_forward = start_buffers, {}
         total: dict[str, torch.Tensor | None] = {n: None for n, _ in named}
         for rank in active:
-            _load_buffers(model, start_buffers)
+            load_buffers(model, start_buffers)
             x = inputs(scenario, feats, rank=rank, step=step, micro=0, device=scenario.device)
             with autocast(feats, scenario.device):
                 loss = loss_fn(model(x, rank=rank, micro=0))
@@ -79,12 +79,12 @@ def compute(scenario: Scenario, semantics=None) -> Baseline:
             grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
             for (name, _), g in zip(named, grads, strict=True):
                 if g is not None:
-                    share = _dense(g) / divisor
+                    share = dense(g) / divisor
                     total[name] = share if total[name] is None else total[name] + share
             after_forward[rank] = buffers()
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
-        _load_buffers(model, rank0_buffers)
+        load_buffers(model, rank0_buffers)
         per_rank = [total if r in active else None for r in range(W)]
         baseline.events.append(Expected("backward", step, 0, True, per_rank))
         if opt is not None:

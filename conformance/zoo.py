@@ -44,6 +44,7 @@ from conformance.pipeline import Case, CaseResult, PoolExecutor, run_case
 from conformance.plan import Selection, plan_cases
 from conformance.report import start_run
 from conformance.report.record import one_line
+from conformance.validation import UsageError
 
 SCHEMA = "gradparity.zoo/2"
 BASE = registry.ddp_class_spec(zoo_mutants.BASE)
@@ -351,8 +352,6 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
 
 
 def cmd_zoo(args) -> int:
-    from conformance.cli import UsageError
-
     area_zoo = zoo_mutants.area_zoo(args.area)
     unknown = [m for m in args.mutant if m not in area_zoo.mutants]
     if unknown:

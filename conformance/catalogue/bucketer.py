@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.catalogue import FULL, QUICK, STANDARD
-from conformance.catalogue import SHORT_DTYPE as SHORT
+from conformance.catalogue.profiles import FULL, QUICK, STANDARD
+from conformance.catalogue.profiles import SHORT_DTYPE as SHORT
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, Tolerance, WrapOptions
 

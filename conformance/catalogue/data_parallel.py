@@ -19,8 +19,8 @@ batch sums, so they get a tolerance scaled by the number of rows summed.
 
 from __future__ import annotations
 
-from conformance.catalogue import FULL, QUICK, STANDARD
-from conformance.catalogue import SHORT_DTYPE as SHORT
+from conformance.catalogue.profiles import FULL, QUICK, STANDARD
+from conformance.catalogue.profiles import SHORT_DTYPE as SHORT
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, Tolerance, float_tolerance
 

@@ -11,7 +11,7 @@ handful of summands. A lost or duplicated contribution is off by O(1), far outsi
 
 from __future__ import annotations
 
-from conformance.catalogue import FULL, QUICK, STANDARD
+from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.spec import Scenario, float_tolerance
 
 TOL = float_tolerance("float64", 8, "float64: gradient contributions accumulated in another order than local autograd")

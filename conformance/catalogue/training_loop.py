@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from conformance.catalogue import STANDARD
+from conformance.catalogue.profiles import STANDARD
 from conformance.spec import Capability as C
 from conformance.spec import Scenario
 

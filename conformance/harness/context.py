@@ -1,4 +1,4 @@
-"""What a task sees inside a rank process, and how a backend is chosen for a device.
+"""What a task sees inside a rank process: its `RankContext` (rank, topology, group, RPC).
 
 Kept free of process management so that the spawn pool and the torchrun launcher hand the
 same `RankContext` to the same task functions.
@@ -14,42 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class Topology:
-    """Where ranks run and how they talk: chosen once per pool."""
-
-    world_size: int
-    backend: str  # "gloo" | "nccl"
-    device: str  # "cpu" | "cuda"
-    shared_gpu: bool = False  # ranks share cuda:0 (gloo with CUDA tensors)
-
-    def rank_device(self, rank: int) -> str:
-        if self.device == "cpu":
-            return "cpu"
-        return "cuda:0" if self.shared_gpu else f"cuda:{rank}"
-
-    def key(self) -> str:
-        gpu = "/shared-gpu" if self.shared_gpu else ""
-        return f"w{self.world_size}/{self.backend}/{self.device}{gpu}"
-
-
-def choose_topology(world_size: int, device: str, backend: str = "auto") -> Topology:
-    """gloo on CPU; NCCL when every rank has its own GPU; gloo with CUDA tensors otherwise."""
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
-    if device == "cpu":
-        if backend not in ("auto", "gloo"):
-            raise ValueError(f"backend {backend!r} cannot run CPU tensors; use gloo")
-        return Topology(world_size, "gloo", "cpu")
-    if not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch.cuda.is_available() is False")
-    own_gpus = torch.cuda.device_count() >= world_size
-    if backend == "auto":
-        backend = "nccl" if own_gpus else "gloo"
-    if backend == "nccl" and not own_gpus:
-        raise ValueError(f"NCCL needs one GPU per rank: world size {world_size}, {torch.cuda.device_count()} GPUs")
-    return Topology(world_size, backend, "cuda", shared_gpu=not own_gpus)
+# Where ranks run is decided below the harness (the area registry and the pipeline ask it too);
+# imported here so `conformance.harness.context.Topology` keeps naming it.
+from conformance.topology import Topology, choose_topology  # noqa: F401
 
 
 @dataclass
