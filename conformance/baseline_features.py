@@ -33,17 +33,22 @@ from conformance.features import (
     optimizer,
 )
 from conformance.models.data import build_model, loss_fn
+from conformance.semantics import TORCH_DDP, Buffers, ConstructionSync, Semantics, Unused
 from conformance.spec import Scenario
 
 
-def compute(scenario: Scenario, semantics=None) -> Baseline:
-    """Torch DDP's semantics only: declared deviations are not modelled with these features."""
-    deviations = semantics.deviations() if semantics is not None else []
-    if deviations:
-        raise ValueError(
-            f"scenario {scenario.id}: the production-training oracle models torch DDP's semantics only; "
-            f"this adapter declares {deviations}"
-        )
+def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
+    """The oracle under the declared `semantics`.
+
+    Modelled: unused parameters as zeros, construction sync at the first forward, buffers
+    broadcast after backward, a lossy bound (judged by the contract), micro-batch accumulation
+    (one micro-batch per step here: nothing to model). Buffers never synchronized are refused
+    at plan time (`conformance.feature_support`) and here.
+    """
+    semantics = semantics or TORCH_DDP
+    if semantics.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY):
+        raise ValueError(f"scenario {scenario.id}: the production-training oracle does not model the buffer rule "
+                         f"{semantics.buffers.value!r}")
     feats = Features.of(scenario)
     W = scenario.world_size
     torch.manual_seed(scenario.seed)
@@ -59,6 +64,11 @@ def compute(scenario: Scenario, semantics=None) -> Baseline:
     state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
     buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
     baseline = Baseline(scenario, state(), buffers(), [])
+    if semantics.construction_sync == ConstructionSync.FIRST_FORWARD:  # each rank holds its own until then
+        own = [build_model(scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=r,
+                           dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data) for r in range(W)]
+        baseline.init_params_ranks = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in own]
+        baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
 
     for step in range(feats.total_steps(scenario)):
         apply_requires_grad(model, feats, step)
@@ -85,6 +95,10 @@ def compute(scenario: Scenario, semantics=None) -> Baseline:
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
         load_buffers(model, rank0_buffers)
+        if semantics.unused == Unused.ZEROS:
+            total = {n: torch.zeros_like(p) if total[n] is None else total[n] for n, p in named}
+        if semantics.buffers == Buffers.AFTER_BACKWARD:  # rank 0's buffers broadcast after the synced backward
+            after_forward = {r: rank0_buffers for r in after_forward}
         per_rank = [total if r in active else None for r in range(W)]
         baseline.events.append(Expected("backward", step, 0, True, per_rank))
         if opt is not None:

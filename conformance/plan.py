@@ -113,6 +113,10 @@ def _capability_skip(adapter, scenario) -> str:
         return f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}"
     unavailable = getattr(adapter, "unavailable", None)
     reason = unavailable(scenario) if callable(unavailable) else None
+    if not reason and scenario.features:  # the production loop's own limits, from the adapter's declarations
+        from conformance.feature_support import unsupported
+
+        reason = unsupported(adapter, scenario)
     return f"{adapter.name}: {reason}" if reason else ""
 
 

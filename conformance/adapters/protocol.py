@@ -92,11 +92,20 @@ class OptimizerSpec:
     """
 
     name: str  # "sgd" | "adam" | "none"
+    # The production-training scenarios (conformance.features) train at their own learning rate
+    # and may clip: an engine that owns the optimizer applies both its own way (DeepSpeed's
+    # `gradient_clipping`, `OSS.clip_grad_norm`), the oracle clips the global norm.
+    lr: float | None = None
+    clip: float | None = None  # max global L2 norm of the averaged gradients before each step
 
     def build(self, params) -> object | None:
         from conformance.models.data import make_optimizer
 
-        return make_optimizer(self.name, params)
+        opt = make_optimizer(self.name, params)
+        if opt is not None and self.lr is not None:
+            for group in opt.param_groups:
+                group["lr"] = self.lr
+        return opt
 
     @property
     def torch_class(self) -> Callable | None:
@@ -108,7 +117,10 @@ class OptimizerSpec:
     def hyperparameters(self) -> dict:
         from conformance.models.data import OPTIMIZER_SETTINGS
 
-        return dict(OPTIMIZER_SETTINGS.get(self.name, {}))
+        settings = dict(OPTIMIZER_SETTINGS.get(self.name, {}))
+        if self.lr is not None and settings:
+            settings["lr"] = self.lr
+        return settings
 
 
 @runtime_checkable

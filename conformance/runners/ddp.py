@@ -88,6 +88,9 @@ def run(payload, ctx) -> dict:
     record["seconds"]["train"] = time.perf_counter() - t0
     stats = getattr(wrapped, "backward_stats", None)
     record["backward_stats"] = stats() if callable(stats) else None
+    close = getattr(wrapped, "close", None)  # the optional Wrapped.close() (protocol)
+    if callable(close):
+        close()
     del wrapped, optimizer, model
     return record
 

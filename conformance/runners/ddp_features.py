@@ -19,6 +19,7 @@ import traceback
 import torch
 
 from conformance.adapters import registry
+from conformance.adapters.protocol import OptimizerSpec, owned
 from conformance.features import Features, apply_requires_grad, autocast, inputs, model_kwargs
 from conformance.features import optimizer as make_optimizer
 from conformance.models.data import build_model, loss_fn
@@ -73,14 +74,11 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
         torch.compiler.reset()
     if feats.compile == "model":
         model = torch.compile(model, backend=feats.compile_backend)
-    from conformance.adapters.protocol import owned
-
-    if owned(adapter):  # this loop steps its own optimizer: running it here would test something else
-        raise ValueError(
-            f"{adapter.name} owns {sorted(owned(adapter))} (protocol v2): the production-training loop does not "
-            "drive engine-owned optimizers/backward; skip these scenarios in the adapter's unavailable()"
-        )
-    wrapped = adapter.wrap(model, ctx, scenario.options)
+    if "optimizer" in owned(adapter):  # protocol v2: the engine builds (and steps) its own optimizer
+        spec = OptimizerSpec(scenario.optimizer, lr=feats.lr, clip=feats.clip)
+        wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
+    else:
+        wrapped = adapter.wrap(model, ctx, scenario.options)
     if feats.compile == "model":
         wrapped = _Unprefixed(wrapped)
     if feats.compile == "wrapper":
@@ -90,26 +88,41 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
 
 
 def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
-    """Save wrapper + optimizer (+ scaler), rebuild everything from scratch, load, go on."""
-    ddp = _wrapper(wrapped, "a checkpoint round trip")
-    state = ddp.state_dict()
-    want = ["module." + k for k in ddp.module.state_dict()]
-    if list(state) != want:
-        raise RuntimeError(
-            "state_dict keys differ from torch DDP's ('module.' + the module's keys): "
-            f"got {list(state)[:4]}..., expected {want[:4]}..."
-        )
+    """Save wrapper + optimizer (+ scaler), rebuild everything from scratch, load, go on.
+
+    Through the engine's own checkpoint API where it has one (`Wrapped.checkpoint_state`,
+    e.g. DeepSpeed's save_checkpoint, ZeroRedundancyOptimizer.consolidate_state_dict), torch
+    DDP's `state_dict` (keys `module.` + the module's) otherwise.
+    """
+    engine_api = callable(getattr(wrapped, "checkpoint_state", None))
+    if engine_api:
+        state = wrapped.checkpoint_state()
+    else:
+        ddp = _wrapper(wrapped, "a checkpoint round trip")
+        state = ddp.state_dict()
+        want = ["module." + k for k in ddp.module.state_dict()]
+        if list(state) != want:
+            raise RuntimeError(
+                "state_dict keys differ from torch DDP's ('module.' + the module's keys): "
+                f"got {list(state)[:4]}..., expected {want[:4]}..."
+            )
+        del ddp
+    owns_optimizer = "optimizer" in owned(adapter)
     buf = io.BytesIO()
-    torch.save({"model": state, "optimizer": optimizer.state_dict() if optimizer else None,
+    torch.save({"model": state, "optimizer": optimizer.state_dict() if optimizer and not engine_api else None,
                 "scaler": scaler.state_dict() if scaler else None}, buf)
-    del wrapped, optimizer, ddp, state
+    _close(wrapped)
+    del wrapped, optimizer, state
     buf.seek(0)
-    checkpoint = torch.load(buf, weights_only=True)
+    checkpoint = torch.load(buf, weights_only=not engine_api)
     # A different seed: nothing of the first model survives except through the checkpoint.
     wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1)
-    _wrapper(wrapped, "a checkpoint round trip").load_state_dict(checkpoint["model"])
-    optimizer = make_optimizer(scenario, feats, wrapped.optimizer_parameters())
-    if optimizer is not None:
+    if engine_api:
+        wrapped.load_checkpoint_state(checkpoint["model"])
+    else:
+        _wrapper(wrapped, "a checkpoint round trip").load_state_dict(checkpoint["model"])
+    optimizer = wrapped.optimizer if owns_optimizer else make_optimizer(scenario, feats, wrapped.optimizer_parameters())
+    if optimizer is not None and checkpoint["optimizer"] is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
     if scaler is not None:
         scaler.load_state_dict(checkpoint["scaler"])
@@ -130,7 +143,12 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed)
     record["seconds"]["wrap"] = time.perf_counter() - t0
     record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
-    optimizer = make_optimizer(scenario, feats, wrapped.optimizer_parameters())
+    owns = owned(adapter)
+    if "optimizer" in owns:
+        optimizer = wrapped.optimizer
+    else:
+        optimizer = make_optimizer(scenario, feats, wrapped.optimizer_parameters())
+    backward = wrapped.backward if "backward" in owns else (lambda loss: loss.backward())
     scaler = torch.amp.GradScaler(ctx.device.type, init_scale=feats.init_scale) if feats.grad_scaler else None
     joining = contextlib.nullcontext()
     if feats.join:
@@ -152,12 +170,12 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                 x = inputs(scenario, feats, rank=ctx.rank, step=step, micro=0, device=ctx.device)
                 with autocast(feats, ctx.device):
                     loss = loss_fn(wrapped(x, rank=ctx.rank, micro=0))
-                (scaler.scale(loss) if scaler is not None else loss).backward()
+                backward(scaler.scale(loss) if scaler is not None else loss)
                 record["events"].append(
                     {"kind": "backward", "step": step, "micro": 0, "synced": True, "values": wrapped.full_gradients()}
                 )
                 if optimizer is not None:
-                    _step(feats, optimizer, scaler, wrapped)
+                    _step(feats, optimizer, scaler, wrapped, owns)
                 record["events"].append(
                     {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
                 )
@@ -178,7 +196,15 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     record["backward_stats"] = stats() if callable(stats) else None
     if fired_before and isinstance(record["backward_stats"], dict):  # the wrapper before a round trip
         record["backward_stats"]["mutation_fired"] = record["backward_stats"].get("mutation_fired", 0) + fired_before
+    _close(wrapped)
     return record
+
+
+def _close(wrapped) -> None:
+    """The optional `Wrapped.close()` (protocol): always called once the run is recorded."""
+    close = getattr(wrapped, "close", None)
+    if callable(close):
+        close()
 
 
 def _fired(wrapped) -> int:
@@ -187,18 +213,32 @@ def _fired(wrapped) -> int:
     return data.get("mutation_fired", 0) if isinstance(data, dict) else 0
 
 
-def _step(feats: Features, optimizer, scaler, wrapped) -> None:
+def _step(feats: Features, optimizer, scaler, wrapped, owns=frozenset()) -> None:
+    """Clip, step, zero_grad: the user's way, or the engine's for what it owns (protocol v2).
+
+    Clipping: the wrapped object's `clip_grad_norm_(max_norm)` where it has one (an engine's
+    sharded-aware clip, e.g. FairScale's `OSS.clip_grad_norm`); an engine that owns the
+    optimizer without one clips inside its step (it got `OptimizerSpec.clip`); otherwise
+    torch's `clip_grad_norm_` over the optimizer's parameters.
+    """
     if feats.clip is not None:
         if scaler is not None:
             scaler.unscale_(optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        torch.nn.utils.clip_grad_norm_(params, feats.clip)
+        engine_clip = getattr(wrapped, "clip_grad_norm_", None)
+        if callable(engine_clip):
+            engine_clip(feats.clip)
+        elif "optimizer" not in owns:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, feats.clip)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    if "zero_grad" in owns:
+        wrapped.zero_grad(set_to_none=True)
+    else:
+        optimizer.zero_grad(set_to_none=True)
 
 
 def _first_difference(a: dict, b: dict) -> str | None:

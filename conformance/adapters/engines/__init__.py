@@ -26,9 +26,18 @@ def probe(module: str, distribution: str, install: str) -> tuple[str, str | None
         return "unknown", None
 
 
-def production_features(scenario) -> str | None:
-    """Why an engine adapter skips the production-training scenarios (join, AMP, compile ...)."""
-    if getattr(scenario, "features", None):
-        return ("the production-training scenarios' loop and oracle (runners/ddp_features.py, baseline_features.py) "
-                "model torch DDP's semantics with a user-owned optimizer only (no declared semantics, no protocol v2)")
+def production_features(scenario, unsupported: dict[str, str] | None = None) -> str | None:
+    """Why an engine skips a production-training scenario (join, AMP, compile ...), or None.
+
+    The production loop drives every engine, protocol v2 included; what the suite itself cannot
+    do for an adapter is decided from its declarations (`conformance.feature_support`). This is
+    the engine's own table: `unsupported` maps a feature (`conformance.features.Features` field
+    name) to the reason the engine's documentation gives for not offering it (or for doing it
+    its own way, which then has its own scenario family).
+    """
+    if not getattr(scenario, "features", None) or not unsupported:
+        return None
+    for name, _ in scenario.features:
+        if name in unsupported:
+            return unsupported[name]
     return None

@@ -29,6 +29,13 @@ from conformance.adapters.protocol import OptimizerSpec
 from conformance.spec import Capability as C
 
 INSTALL = "DS_BUILD_OPS=0 pip install -c constraints.txt 'gradparity[deepspeed]'"
+# The engine's documentation, for the production-training features it does its own way.
+UNSUPPORTED = {
+    "grad_scaler": "DeepSpeed scales the loss itself (config 'fp16': loss_scale / dynamic loss scaling); "
+                   "torch's GradScaler is not applied to its optimizer",
+    "freeze": "DeepSpeed's ZeRO optimizer flattens the trainable parameters at deepspeed.initialize; "
+              "requires_grad changes afterwards are not supported",
+}
 
 
 def _cpu(t: Tensor | None) -> Tensor | None:
@@ -101,9 +108,7 @@ class DeepSpeedAdapter:
             return self._why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
-        if production_features(scenario):
-            return production_features(scenario)
-        return None
+        return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedWrapped:
         import deepspeed
@@ -115,7 +120,7 @@ class DeepSpeedAdapter:
         config = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
-            "gradient_clipping": 0.0,
+            "gradient_clipping": float(optimizer.clip or 0.0),
             "zero_allow_untested_optimizer": True,
             "zero_optimization": {"stage": self.stage},
             "steps_per_print": 10**9,

@@ -21,6 +21,13 @@ from conformance.adapters.protocol import OptimizerSpec
 from conformance.spec import Capability as C
 
 INSTALL = "pip install -c constraints.txt 'gradparity[fairscale]'  (fairscale==0.4.13)"
+# The engine's documentation, for the production-training features it does its own way.
+UNSUPPORTED = {
+    "grad_scaler": "FairScale documents fairscale.optim.grad_scaler.ShardedGradScaler for OSS + ShardedDDP "
+                   "(torch's GradScaler sees only this rank's shard of the gradients)",
+    "freeze": "ShardedDataParallel builds its reduce buckets at construction: FairScale's docs require "
+              "sdp.refresh_trainable() after a requires_grad change",
+}
 
 
 def _cpu(t: Tensor | None) -> Tensor | None:
@@ -42,6 +49,10 @@ class FairScaleSDPWrapped:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.sdp.zero_grad(set_to_none=set_to_none)
+
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        """OSS.clip_grad_norm: the global norm over every rank's shard (FairScale's documented way)."""
+        self.optimizer.clip_grad_norm(max_norm)
 
     def full_gradients(self) -> dict[str, Tensor | None]:
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
@@ -84,9 +95,7 @@ class FairScaleSDPAdapter:
             return self._why
         if scenario.optimizer == "none":
             return "OSS needs an optimizer"
-        if production_features(scenario):
-            return production_features(scenario)
-        return None
+        return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> FairScaleSDPWrapped:
         from fairscale.nn.data_parallel import ShardedDataParallel

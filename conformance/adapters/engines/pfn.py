@@ -15,7 +15,7 @@ backward (not before forward, as torch DDP does).
 from __future__ import annotations
 
 from conformance.adapters.ddp_like import DDPLikeAdapter, DDPLikeWrapped
-from conformance.adapters.engines import probe, production_features
+from conformance.adapters.engines import probe
 from conformance.semantics import Buffers, Semantics
 from conformance.spec import Capability as C
 
@@ -37,7 +37,7 @@ class PfnAdapter(DDPLikeAdapter):
         self._comm_hooks = dict
 
     def unavailable(self, scenario) -> str | None:
-        return self._why or production_features(scenario)
+        return self._why
 
     def wrap(self, module, ctx, options, optimizer=None) -> DDPLikeWrapped:
         from pytorch_pfn_extras.nn.parallel import DistributedDataParallel

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from conformance.adapters.ddp_like import DDP_CAPABILITIES, DDPLikeAdapter, DDPLikeWrapped
-from conformance.adapters.engines import production_features
 from conformance.semantics import Semantics
 from conformance.spec import Capability as C
 from conformance.spec import Tolerance
@@ -50,8 +49,6 @@ class PowerSGDAdapter(DDPLikeAdapter):
                          capabilities=DDP_CAPABILITIES - {C.COMM_HOOK, C.SPARSE, C.JOIN, C.MIXED_PRECISION})
 
     def unavailable(self, scenario) -> str | None:
-        if production_features(scenario):
-            return production_features(scenario)
         if scenario.dtype in ("float16", "bfloat16", "float64"):
             return "the declared bound is stated for fp32 gradients only"
         if scenario.optimizer == "adam" and scenario.model == "transformer" and scenario.steps > START_ITER:

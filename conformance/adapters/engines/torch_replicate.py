@@ -24,6 +24,13 @@ SEMANTICS = Semantics(
 )
 
 
+# The engine's documentation, for the production-training features it does its own way.
+UNSUPPORTED = {
+    "save_load_at": "replicate() is composable: the module keeps its own state_dict keys (no 'module.' prefix "
+                    "as torch DDP's wrapper), so the round trip is the plain module's",
+}
+
+
 class ReplicateWrapped(DDPLikeWrapped):
     def __init__(self, module):
         self.ddp = self.module = module
@@ -49,7 +56,7 @@ class ReplicateAdapter:
         self.version = torch.__version__
 
     def unavailable(self, scenario) -> str | None:
-        return production_features(scenario)
+        return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module, ctx, options, optimizer=None) -> ReplicateWrapped:
         from refimpl._torch_compat import composable_replicate
