@@ -1,5 +1,5 @@
-"""The suite's layers: no import circle in conformance/ and no module importing one of a higher
-layer (function-level imports count: see tests/import_graph.py)."""
+"""The suite's layers: no import circle in conformance/, at most one in the tree, and no module
+importing one of a higher layer (function-level imports count: see tests/import_graph.py)."""
 
 import textwrap
 
@@ -45,6 +45,11 @@ def conformance_graph():
 
 def test_no_import_circle_in_conformance(conformance_graph):
     assert circles(conformance_graph) == []
+
+
+def test_at_most_one_import_circle_in_the_tree():
+    found = circles(edges(modules()))
+    assert len(found) <= 1, f"{len(found)} import circles (python3 -m tests.import_graph): {found}"
 
 
 def test_the_vocabulary_imports_nothing_above_it(conformance_graph):
