@@ -3,11 +3,14 @@ of 3 ranks, by probes whose right answers are computed by hand (sums over ranks)
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from conformance.mutants.independent import bucketer as zoo
 from tests.refimpl._refimpl_world import run_world
+
+pytestmark = pytest.mark.slow
 
 W = 3
 SHARD8 = 8 * 4 * W / (1024 * 1024)  # cap (MiB) giving 8-element fp32 shards at W=3
