@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     from conformance import zoo
 
     zoo.add_arguments(sub.add_parser("zoo", help="run an area's scenarios against its mutant zoo: is every known-bad implementation caught?"))
+    from conformance import compare_runs
+
+    compare_runs.add_arguments(sub.add_parser("compare", help="compare two recordings (run --record) tensor by tensor",
+                                              epilog=compare_runs.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter))
     return p
 
 
@@ -79,6 +83,8 @@ def pytest_args(args, specs: list[str]) -> list[str]:
         out += ["--xfails", path]
     for path in args.skips:
         out += ["--skips", path]
+    if args.record:
+        out += ["--gradparity-record", args.record]  # conformance/recording.py
     if args.keyword:
         out += ["-k", args.keyword]
     if args.workers:
@@ -175,7 +181,13 @@ def cmd_zoo(args) -> int:
     return run_zoo(args)
 
 
-COMMANDS = {"run": cmd_run, "list": cmd_list, "zoo": cmd_zoo}
+def cmd_compare(args) -> int:
+    from conformance.compare_runs import cmd_compare as run_compare
+
+    return run_compare(args)
+
+
+COMMANDS = {"run": cmd_run, "list": cmd_list, "zoo": cmd_zoo, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--report-dir", f"where reports go (default {DEFAULT_REPORT_DIR}/)", {"default": DEFAULT_REPORT_DIR},
            pytest_flag="--gradparity-report-dir", pytest_default=None),
     Option("--timeout-scale", "multiply every scenario's timeout (slow machines)", {"type": float, "default": 1.0}),
+    Option("--record", "record every judged tensor (values, digests, provenance) into DIR, for `gradparity compare`",
+           {"default": None, "metavar": "DIR"}, pytest_flag="--gradparity-record"),
 )
 
 
@@ -75,4 +77,8 @@ def selection(values, *, areas=(), check_reports: bool = True):
                        world_sizes=tuple(values.world_size), device=values.device, ids=tuple(values.scenario),
                        xfail_files=tuple(values.xfails), skip_files=tuple(values.skips))
     validate(chosen, report_dir=values.report_dir if check_reports else None)
+    if check_reports and getattr(values, "record", None):
+        from conformance.recording import check_directory
+
+        check_directory(values.record)
     return chosen

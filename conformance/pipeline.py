@@ -14,7 +14,9 @@ The steps, for a case `(scenario, adapter)` of area A:
 3. otherwise A's judge compares the ranks' records with A's oracle;
 4. whatever ended the case is classified (`conformance.failure`): one class, one-line cause;
 5. an expected failure (the plan's xfail) that failed is `xfailed` and keeps the error it
-   actually showed; one that passed is `xpassed` (strict: the list must stay true).
+   actually showed; one that passed is `xpassed` (strict: the list must stay true);
+6. with a `recorder` (`--record DIR`), every tensor the case produced is recorded here, where
+   the `CaseResult` is made, whatever the verdict (`conformance.recording`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Any, Protocol
 from conformance.area import Area
 from conformance.area import get as get_area
 from conformance.contract import Checked, repro_command
-from conformance.failure import Classified, classify_exception, run_failed
+from conformance.failure import Classified, FailureClass, classify_exception, run_failed
 from conformance.harness.pool import TaskOutcome
+from conformance.recording import Recorder, tapping
 from conformance.report.record import case_id, case_record
 from conformance.spec import Scenario
 
@@ -147,15 +150,16 @@ def check(scenario: Scenario, adapter_spec: str, executor: Executor) -> Checked:
     return _judge(case, _run(case, executor), executor)
 
 
-def run_case(case: Case, executor: Executor) -> CaseResult:
-    """Steps 1-5: never raises for the implementation's or the harness's failures."""
+def run_case(case: Case, executor: Executor, recorder: Recorder | None = None) -> CaseResult:
+    """Steps 1-6: never raises for the implementation's or the harness's failures."""
     if case.skip:
-        return CaseResult(case, "skipped", case.skip)
+        return _recorded(recorder, CaseResult(case, "skipped", case.skip))
     t0 = time.perf_counter()
-    outcome = checked = failure = None
+    outcome = checked = failure = taps = None
     message, fired_before = "", _in_process_fired(case)
     try:
-        outcome = _run(case, executor)
+        with tapping(recorder is not None) as taps:  # what an in-process area judged as it ran
+            outcome = _run(case, executor)
         checked = _judge(case, outcome, executor)
         verdict = "passed"
     except Exception as exc:  # noqa: BLE001 - classified: a harness bug is an `error`, never a crash of the run
@@ -168,6 +172,20 @@ def run_case(case: Case, executor: Executor) -> CaseResult:
         result.verdict = "xfailed" if verdict == "failed" else "xpassed"
         if verdict == "passed":
             result.message = f"listed as an expected failure but passed: {case.xfail}"
+    return _recorded(recorder, result, outcome, taps, executor)
+
+
+def _recorded(recorder: Recorder | None, result: CaseResult, outcome=None, taps=None, executor=None) -> CaseResult:
+    """Step 6. A recording that cannot be written fails the case as an `error` (never a silent gap)."""
+    if recorder is None:
+        return result
+    try:
+        where = executor.where(result.case.area, result.scenario) if executor is not None and outcome else ""
+        recorder.add(result, outcome, taps, where)
+    except Exception as exc:  # noqa: BLE001 - the harness's failure, classified like one
+        cause = f"recording failed: {type(exc).__name__}: {exc}"
+        result.verdict, result.failure = "error", Classified(FailureClass.INFRASTRUCTURE, cause)
+        result.message = f"{cause}\n{result.message}".rstrip()
     return result
 
 

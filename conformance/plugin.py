@@ -25,6 +25,7 @@ from conformance.adapters import registry
 from conformance.failure import Classified, FailureClass
 from conformance.pipeline import Case, CaseResult, PoolExecutor, run_case
 from conformance.plan import Plan, Selection, make_plan
+from conformance.recording import Recorder
 from conformance.validation import UsageError
 
 RECORD_KEY = "gradparity"
@@ -44,6 +45,8 @@ class Session:
     results: list[dict] = field(default_factory=list)  # on the controller: every case's record
     running: dict[str, CaseResult] = field(default_factory=dict)  # in this process: node id -> result
     stopped: str = ""  # why the run ended before every selected case ran ("" when it did not)
+    recorder: Recorder | None = None  # --record DIR (conformance.recording): every process adds its cases
+    recorded: dict | None = None  # the recording's index, once written (controller)
     _plan: Plan | None = None
     _executor: PoolExecutor | None = None
 
@@ -98,6 +101,10 @@ def pytest_configure(config):
 
         start_run(report_dir)  # one run per directory: the last one's files go now
     config._gradparity = Session(config, selection, config.getoption("timeout_scale"))
+    if config.getoption("record"):
+        config._gradparity.recorder = Recorder(config.getoption("record"))
+        if not hasattr(config, "workerinput"):
+            config._gradparity.recorder.start(_run_info(config, selection.specs))
     config.pluginmanager.register(config._gradparity, "gradparity-session")
 
 
@@ -139,7 +146,7 @@ def run_suite_case(request) -> None:
     """The body of every suite test: run the planned case, then say its verdict in pytest's words."""
     case: Case = request.getfixturevalue("gp_case")
     session: Session = request.config._gradparity
-    result = session.running[request.node.nodeid] = run_case(case, session.executor)
+    result = session.running[request.node.nodeid] = run_case(case, session.executor, session.recorder)
     if result.verdict == "xfailed":
         pytest.xfail(f"{case.xfail}; seen: {result.failure.line() if result.failure else result.message}")
     if result.verdict == "xpassed":
@@ -188,13 +195,22 @@ def pytest_sessionfinish(session, exitstatus):
     if gp.stopped and selected > len(gp.results):
         gp.stopped += f"; {selected - len(gp.results)} of {selected} selected cases have no result"
     report_dir = config.getoption("report_dir")
+    if gp.recorder is not None:
+        gp.recorded = gp.recorder.finish(_run_info(config, gp.adapters), stopped=gp.stopped or None)
     if report_dir and gp.results:
-        from conformance.report import run_info, write_reports
+        from conformance.report import write_reports
 
-        info = run_info.collect(profile=config.getoption("profile"), device=config.getoption("device"), adapters=gp.adapters)
+        info = _run_info(config, gp.adapters)
         info["stopped"] = gp.stopped or None
         config._gradparity_written = write_reports(report_dir, gp.results, adapters=gp.adapters, config=config,
                                                    run_info=info)
+
+
+def _run_info(config, adapters) -> dict:
+    from conformance.report import run_info
+
+    return run_info.collect(profile=config.getoption("profile"), device=config.getoption("device"),
+                            adapters=list(adapters))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -205,3 +221,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
     print_summary(terminalreporter, gp.results, getattr(config, "_gradparity_written", None), gp.plan.unmatched,
                   stopped=gp.stopped)
+    if gp.recorded is not None:
+        terminalreporter.write_line(f"recording: {gp.recorder.directory} ({len(gp.recorded['case_files'])} cases, "
+                                    f"{gp.recorded['bytes'] / 1e6:.1f} MB); compare two with `gradparity compare BASE NEW`")

@@ -37,6 +37,7 @@ from conformance.models.data_parallel import (
     structure,
     total_loss,
 )
+from conformance.recording import tap
 from conformance.spec import Scenario
 
 SWITCHES = ("input_grad", "no_grad")  # scenario switches, not model arguments
@@ -150,7 +151,8 @@ def check(scenario: Scenario, adapter_spec: str) -> Checked:
         t0 = time.perf_counter()
         try:
             out = adapter.data_parallel(model, inputs, device_list, first, spec.dim)
-            total_loss(out).backward()
+            loss = total_loss(out)
+            loss.backward()
         except Exception as exc:
             raise ImplementationRaised(
                 f"[{scenario.id}] adapter {adapter_spec}: step {step}: {type(exc).__name__}: {exc}\n  repro: {repro}", exc
@@ -163,6 +165,10 @@ def check(scenario: Scenario, adapter_spec: str) -> Checked:
                 f"but the module returns {structure(expected_out)}\n  repro: {repro}"
             )
         expected, actual = _outputs(expected_out), _outputs(out)
+        tap("backward", step, "loss", {"loss": loss})  # for `--record` (conformance.recording); no-op otherwise
+        tap("backward", step, "output", {k: v for k, v in actual.items() if isinstance(v, torch.Tensor)})
+        grads_now = _grads(model)
+        tap("backward", step, "grad", grads_now)
         bad = [Mismatch(k, f"non-tensor output {actual[k]!r} but expected {expected[k]!r}")
                for k in expected if not isinstance(expected[k], torch.Tensor) and actual.get(k) != expected[k]]
         bad += compare_dicts({k: v for k, v in expected.items() if isinstance(v, torch.Tensor)},
@@ -170,12 +176,13 @@ def check(scenario: Scenario, adapter_spec: str) -> Checked:
         count += 1
         if bad:
             fail(step, "gathered output differs from the module's output on the full batch", bad)
-        bad = compare_dicts(_grads(oracle), _grads(model), tol)
+        bad = compare_dicts(_grads(oracle), grads_now, tol)
         count += 1
         if bad:
             fail(step, "gradients of the original module differ from a full-batch backward", bad)
         if input_grad:
             grads = lambda obj: {k: (None if t.grad is None else t.grad.detach().cpu()) for k, t in _leaves(obj).items()}  # noqa: E731
+            tap("backward", step, "input-grad", grads(inputs))
             bad = compare_dicts(grads(oracle_inputs), grads(inputs), tol)
             count += 1
             if bad:
@@ -185,11 +192,14 @@ def check(scenario: Scenario, adapter_spec: str) -> Checked:
             opt_oracle.step()
             opt.zero_grad(set_to_none=True)
             opt_oracle.zero_grad(set_to_none=True)
-        bad = compare_dicts(_params(oracle), _params(model), tol)
+        params_now, buffers_now = _params(model), _buffers(model)
+        tap("step", step, "param", params_now)
+        tap("step", step, "buffer", buffers_now)
+        bad = compare_dicts(_params(oracle), params_now, tol)
         count += 1
         if bad:
             fail(step, "parameters after the optimizer step differ", bad)
-        bad = compare_dicts(_buffers(oracle), _buffers(model), tol)
+        bad = compare_dicts(_buffers(oracle), buffers_now, tol)
         count += 1
         if bad:
             fail(step, "buffers differ from the full-batch module's (replicas must not change them)", bad)
