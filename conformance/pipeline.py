@@ -31,8 +31,9 @@ from conformance.area import get as get_area
 from conformance.contract import Checked, repro_command
 from conformance.failure import Classified, FailureClass, classify_exception, run_failed
 from conformance.harness.pool import TaskOutcome
-from conformance.recording import Recorder, tapping
+from conformance.recording import Recorder
 from conformance.report.record import case_id, case_record
+from conformance.runners.recording_tap import tapping
 from conformance.spec import Scenario
 
 

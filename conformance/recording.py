@@ -31,8 +31,6 @@ called `start` writes `recording.json` (`finish`), listing what is in `cases/` t
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
 import json
 import os
@@ -50,35 +48,6 @@ _SUFFIX = ".pt"
 
 class RecordingError(ValueError):
     """A recording that cannot be read or written: the message is one line that says what to do."""
-
-
-# -- taps: tensors an in-process area judges as it runs (data_parallel) --------------------------
-_TAPPED: contextvars.ContextVar[list | None] = contextvars.ContextVar("gradparity_tapped", default=None)
-
-
-def tap(point: str, step: int | None, kind: str, tensors: dict, *, micro: int | None = None) -> None:
-    """Offer tensors to the recording of the case running in this context (a no-op unless one is).
-
-    For areas that compare in the coordinator as they go, so no rank record carries the values."""
-    sink = _TAPPED.get()
-    if sink is not None:
-        sink.append({"point": point, "step": step, "micro": micro, "kind": kind,
-                     "values": {n: (t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else t)
-                                for n, t in tensors.items()}})
-
-
-@contextlib.contextmanager
-def tapping(enabled: bool):
-    """Collect `tap`s made inside (a list; None when not `enabled`)."""
-    if not enabled:
-        yield None
-        return
-    sink: list = []
-    token = _TAPPED.set(sink)
-    try:
-        yield sink
-    finally:
-        _TAPPED.reset(token)
 
 
 # -- entries: the ranks' records of each area as (point, step, micro, kind, name, rank) -> tensor -

@@ -37,7 +37,7 @@ from conformance.models.data_parallel import (
     structure,
     total_loss,
 )
-from conformance.recording import tap
+from conformance.runners.recording_tap import tap
 from conformance.spec import Scenario
 
 SWITCHES = ("input_grad", "no_grad")  # scenario switches, not model arguments

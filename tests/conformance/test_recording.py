@@ -22,9 +22,8 @@ from conformance.recording import (
     digest,
     load_case,
     open_recording,
-    tap,
-    tapping,
 )
+from conformance.runners.recording_tap import tap, tapping
 from conformance.spec import Scenario, float_tolerance
 
 SCENARIO = Scenario(id="ddp/fake/mlp/w2/fp32", area="ddp", model="mlp", world_size=2,
