@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="multiply scenario timeouts (default 0.25: a hanging mutant costs 15 s, not 60)")
     p.add_argument("--mutant", action="append", default=[], help="only these mutants of the area (repeatable)")
     p.add_argument("--control", action="append", default=[], help="controls (repeatable; default: the area's built-ins and its zoo base)")
+    p.add_argument("--set", dest="which", default="own", choices=zoo_mutants.ZOO_SETS,
+                   help="which mutants: the area's own zoo, the independent one (written from the contracts alone), or all")
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -127,10 +129,15 @@ def judge(results: list[dict], mutants: dict[str, zoo_mutants.Mutant], controls:
     by = {(r["adapter"], r["scenario"]): r for r in results}
     scenarios = sorted({r["scenario"] for r in results})
     clauses_of = {r["scenario"]: r.get("clauses") or [] for r in results}
-    base_ok = {s for s in scenarios if by.get((base, s), {}).get("verdict") == "passed"}
+    def passed_by(spec):
+        return {s for s in scenarios if by.get((spec, s), {}).get("verdict") == "passed"}
+
+    bases = {getattr(m, "base", "") or base for m in mutants.values()}
+    ok_for = {b: passed_by(b) for b in bases}
     table = []
     for name, mutant in mutants.items():
         spec, aborts = mutant.spec, mutant.may_abort
+        base_ok = ok_for[getattr(mutant, "base", "") or base]  # judged against its own correct version
         row = {"mutant": name, "class": spec, "bug": mutant.bug, "clause": mutant.clause, "caught_by": [],
                "failed_not_fired": [], "fired_but_passed": [], "skipped": [], "how": {}}
         for s in scenarios:
@@ -308,16 +315,17 @@ def print_table(doc: dict, console=None) -> None:
 
 def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradparity-reports/zoo", workers: int = 1,
         timeout_scale: float = 0.25, mutants: list[str] | None = None, controls: list[str] | None = None,
-        console=None) -> tuple[int, dict]:
+        console=None, which: str = "own") -> tuple[int, dict]:
     """Run the zoo of `area`; returns (exit status, the zoo document written to zoo.json)."""
     from rich.console import Console
 
     console = console or Console()
-    area_zoo = zoo_mutants.area_zoo(area)
+    area_zoo = zoo_mutants.area_zoo(area, which)
     chosen = {n: area_zoo.mutants[n] for n in (mutants or area_zoo.mutants)}
     controls = list(controls or area_zoo.controls)
-    if area_zoo.base not in controls:
-        controls.append(area_zoo.base)  # the base is what "caught" is judged against
+    for base in [area_zoo.base, *(m.base for m in chosen.values() if m.base)]:
+        if base not in controls:
+            controls.append(base)  # a base is what "caught" is judged against
     specs = controls + [m.spec for m in chosen.values()]
     selection = Selection(adapters=tuple(specs), profile=profile, areas=(area,))
     scenarios = catalogue.select(area=area, profile=profile)
@@ -352,7 +360,10 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
 
 
 def cmd_zoo(args) -> int:
-    area_zoo = zoo_mutants.area_zoo(args.area)
+    try:
+        area_zoo = zoo_mutants.area_zoo(args.area, args.which)
+    except ValueError as exc:
+        raise UsageError(f"{exc}; use --set all or own") from None
     unknown = [m for m in args.mutant if m not in area_zoo.mutants]
     if unknown:
         raise UsageError(f"unknown {args.area} mutant {unknown[0]!r}; known: {', '.join(area_zoo.mutants)}")
@@ -362,5 +373,6 @@ def cmd_zoo(args) -> int:
 
     check_report_dir(args.report_dir)
     code, _ = zoo(args.profile, area=args.area, report_dir=args.report_dir, workers=args.workers,
-                  timeout_scale=args.timeout_scale, mutants=args.mutant or None, controls=args.control or None)
+                  timeout_scale=args.timeout_scale, mutants=args.mutant or None, controls=args.control or None,
+                  which=args.which)
     return code

@@ -37,6 +37,11 @@ class Bucketer:
     def __init__(self, bucket_cap_mb: float = 25):
         self.bucket_cap_mb = bucket_cap_mb
         self.buckets: dict[tuple, _Bucket] = {}
+        self.mutation_fired = 0  # how often the bug changed what the correct code would have done
+
+    def _fired(self, when: bool = True) -> None:
+        if when:
+            self.mutation_fired += 1
 
     def shard_size(self, dtype: torch.dtype, group_size: int) -> int:
         if self.bucket_cap_mb <= 0:
@@ -142,6 +147,7 @@ def mutant(name: str, clause: str, dimension: str, bug: str, **kw):
         "entry's slice (Python's late binding)")
 class LateBindingResults(Bucketer):
     def deliver(self, queue, out):
+        self._fired(sum(fn is not None for fn, *_ in queue[:-1]) > 0)
         pending = []
         for fn, start, numel, shape in queue:
             pending.append((fn, lambda: out[start:start + numel].view(shape)))  # noqa: B023 - the bug
@@ -156,6 +162,7 @@ class LateBindingResults(Bucketer):
 class OverflowFlushKeepsQueue(Bucketer):
     def take(self, bucket, out, making_room):
         if making_room:
+            self._fired(bool(bucket.queue))
             bucket.offset = 0
             return list(bucket.queue)
         return super().take(bucket, out, making_room)
@@ -167,8 +174,10 @@ class OverflowFlushKeepsQueue(Bucketer):
 class EmptyBucketStopsFlush(Bucketer):
     @torch.no_grad()
     def flush(self):
-        for bucket in list(self.buckets.values()):
+        buckets = list(self.buckets.values())
+        for i, bucket in enumerate(buckets):
             if not bucket.queue:
+                self._fired(any(b.queue for b in buckets[i + 1:]))
                 return
             self.flush_bucket(bucket)
 
@@ -178,6 +187,7 @@ class EmptyBucketStopsFlush(Bucketer):
         "before it in its bucket")
 class ImmediateAtShardSize(Bucketer):
     def immediate(self, numel, shard):
+        self._fired(numel == shard)
         return numel >= shard
 
 
@@ -189,6 +199,7 @@ class AllreduceGlobalRank(Bucketer):
         total = flat.clone()
         dist.all_reduce(total, group=group)
         r = dist.get_rank()
+        self._fired(r != dist.get_rank(group))
         return total[r * numel:(r + 1) * numel].clone()
 
 
@@ -197,6 +208,7 @@ class AllreduceGlobalRank(Bucketer):
         "come back as float32")
 class BucketDefaultDtype(Bucketer):
     def allocate(self, bucket):
+        self._fired(bucket.dtype != torch.get_default_dtype())
         return torch.empty((bucket.group.size(), bucket.shard), device=bucket.device)
 
 
@@ -205,6 +217,7 @@ class BucketDefaultDtype(Bucketer):
 class TeardownDropsQueued(Bucketer):
     def teardown(self):
         for bucket in self.buckets.values():
+            self._fired(bool(bucket.queue))
             bucket.queue, bucket.offset, bucket.data = [], 0, None
 
 
@@ -214,6 +227,12 @@ class TeardownDropsQueued(Bucketer):
 class CapPerRank(Bucketer):
     def shard_size(self, dtype, group_size):
         return 0 if self.bucket_cap_mb <= 0 else int(self.bucket_cap_mb * _MiB // dtype.itemsize)
+
+    def reduce_scatter_async(self, input_list, group, callback_fn=None):
+        inputs = list(input_list)
+        numel, dtype = inputs[0].numel(), inputs[0].dtype
+        self._fired(super().shard_size(dtype, group.size()) < numel <= self.shard_size(dtype, group.size()))
+        return super().reduce_scatter_async(inputs, group, callback_fn)
 
 
 @mutant("empty-only-bucket-skipped", "B10", "inputs",
@@ -230,6 +249,7 @@ class EmptyOnlyBucketSkipped(Bucketer):
 
     def flush_bucket(self, bucket, making_room=False):
         if bucket.offset == 0:
+            self._fired(bool(bucket.queue))
             return
         super().flush_bucket(bucket, making_room)
 
@@ -240,6 +260,7 @@ class KeywordGroupDefaultsWorld(Bucketer):
     def reduce_scatter_async(self, *args, **kwargs):
         input_list = args[0] if args else kwargs["input_list"]
         group = args[1] if len(args) > 1 else dist.group.WORLD
+        self._fired(kwargs.get("group", group) is not group)
         callback_fn = args[2] if len(args) > 2 else kwargs.get("callback_fn")
         return super().reduce_scatter_async(input_list, group, callback_fn)
 

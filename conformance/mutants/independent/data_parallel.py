@@ -44,6 +44,11 @@ class Correct:
     version = "0"
     capabilities = frozenset({Capability.HALF_PRECISION, Capability.CUDA})
     bug, clause, may_abort, dimension = "", "", False, ""
+    mutation_fired = 0  # how often the bug changed what the correct code would have done (the zoo reads it)
+
+    def _fired(self, when: bool = True) -> None:
+        if when:
+            self.mutation_fired += 1
 
     def devices(self, scenario) -> list:
         from conformance.adapters.data_parallel import devices_for
@@ -105,6 +110,30 @@ def _run_in_threads(replicas, args, kwargs, states: list, inline: set[int] = fro
     return results
 
 
+def _kwargs_differ(a: list[dict], b: list[dict]) -> bool:
+    """Whether two per-replica kwargs lists differ (tensors compared by shape and value)."""
+    if len(a) != len(b):
+        return True
+    for x, y in zip(a, b, strict=True):
+        if x.keys() != y.keys():
+            return True
+        for key in x:
+            u, v = x[key], y[key]
+            if isinstance(u, torch.Tensor) or isinstance(v, torch.Tensor):
+                if not (isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor) and u.shape == v.shape
+                        and torch.equal(u, v)):
+                    return True
+            elif u is not v and u != v:
+                return True
+    return False
+
+
+def _ambient_in_caller() -> bool:
+    """Whether the caller has thread-local state a bare thread would not see."""
+    return torch.is_autocast_enabled("cpu") or torch.is_inference_mode_enabled() or (
+        torch.cuda.is_available() and torch.is_autocast_enabled("cuda"))
+
+
 def _grad_mode_only():
     """A factory entering, in a worker, the grad mode of the thread that called this."""
     enabled = torch.is_grad_enabled()
@@ -115,6 +144,7 @@ def _grad_mode_only():
         "worker threads re-enter the caller's grad mode but not its autocast state: replicas run in fp32 under autocast")
 class ThreadsDropAutocast(Correct):
     def apply(self, replicas, args, kwargs, devs):
+        self._fired(_ambient_in_caller())
         return _run_in_threads(replicas, args, kwargs, [_grad_mode_only() for _ in replicas])
 
 
@@ -122,6 +152,7 @@ class ThreadsDropAutocast(Correct):
         "replica 0 runs in the calling thread (all state), the others in bare threads: only replica 0 sees autocast")
 class Replica0Inline(Correct):
     def apply(self, replicas, args, kwargs, devs):
+        self._fired(len(replicas) > 1 and _ambient_in_caller())
         states = [None] + [_grad_mode_only() for _ in replicas[1:]]
         return _run_in_threads(replicas, args, kwargs, states, inline={0})
 
@@ -143,6 +174,7 @@ class PoolGradModeFromFirstCall(Correct):
     _pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its pool
 
     def apply(self, replicas, args, kwargs, devs):
+        self._fired(self._pool.grad_enabled != torch.is_grad_enabled())
         return self._pool.run(replicas, args, kwargs)
 
     def data_parallel(self, module, *rest, **kw):
@@ -158,8 +190,10 @@ class PoolGradModeFromFirstCall(Correct):
         "module_kwargs reach every replica whole (not split along dim)")
 class KwargsUnscattered(Correct):
     def scatter(self, inputs, module_kwargs, devs, dim):
-        args, _ = scatter_kwargs(inputs, None, devs, dim)
-        return args, [dict(module_kwargs or {}) for _ in args]
+        args, right = scatter_kwargs(inputs, module_kwargs, devs, dim)
+        wrong = [dict(module_kwargs or {}) for _ in args]
+        self._fired(_kwargs_differ(wrong, right))
+        return args, wrong
 
 
 @mutant("kwargs-replica0-only", "D16", "who",
@@ -167,7 +201,9 @@ class KwargsUnscattered(Correct):
 class KwargsReplica0Only(Correct):
     def scatter(self, inputs, module_kwargs, devs, dim):
         args, kwargs = scatter_kwargs(inputs, module_kwargs, devs, dim)
-        return args, [kwargs[0]] + [{} for _ in kwargs[1:]]
+        wrong = [kwargs[0]] + [{} for _ in kwargs[1:]]
+        self._fired(_kwargs_differ(wrong, kwargs))
+        return args, wrong
 
 
 @mutant("mode-read-once", "D10", "when",
@@ -177,6 +213,7 @@ class ModeReadOnce(Correct):
 
     def replicate(self, module, devs):
         modes = self._modes.setdefault(module, [m.training for m in module.modules()])
+        self._fired(modes != [m.training for m in module.modules()])
         replicas = super().replicate(module, devs)
         for r in replicas:
             for m, training in zip(r.modules(), modes, strict=True):
@@ -189,8 +226,10 @@ class ModeReadOnce(Correct):
         "(train-mode BatchNorm updates its running statistics twice)")
 class ProbeForward(Correct):
     def apply(self, replicas, args, kwargs, devs):
+        before = [b.clone() for b in replicas[0].buffers()]
         with torch.no_grad():
             replicas[0](*args[0], **kwargs[0])
+        self._fired(any(not torch.equal(b, c) for b, c in zip(before, replicas[0].buffers(), strict=True)))
         return super().apply(replicas, args, kwargs, devs)
 
 
@@ -213,12 +252,19 @@ class BuffersWrittenBackLate(Correct):
         self._pending[module] = pending
         return replicas
 
+    def apply(self, replicas, args, kwargs, devs):
+        outputs = super().apply(replicas, args, kwargs, devs)
+        module_pending = [p for ps in self._pending.values() for p in ps]
+        self._fired(any(not torch.equal(o, c) for o, c in module_pending))  # the original lacks the update now
+        return outputs
+
 
 @mutant("scalar-outputs-default-dtype", "D14", "ambient",
         "per-replica 0-dim outputs are written into torch.zeros(k): the vector takes the default dtype, not the outputs'")
 class ScalarOutputsDefaultDtype(Correct):
     def gather(self, outputs, out_dev, dim):
         if all(isinstance(o, torch.Tensor) and o.dim() == 0 for o in outputs):
+            self._fired(outputs[0].dtype != torch.get_default_dtype())
             vec = torch.zeros(len(outputs), device=out_dev)
             for i, o in enumerate(outputs):
                 vec[i] = o.to(out_dev)
@@ -234,6 +280,7 @@ class KwargsBatchDimZero(Correct):
         if not module_kwargs:
             return args, [{} for _ in args]
         _, kwargs = scatter_kwargs((), module_kwargs, devs[:len(args)], 0)
+        self._fired(_kwargs_differ(kwargs, scatter_kwargs(inputs, module_kwargs, devs, dim)[1]))
         return args, kwargs
 
 

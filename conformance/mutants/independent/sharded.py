@@ -30,6 +30,12 @@ MUTANTS = Registry("indep-sharded")
 class Engine(ShardedDataParallel):
     """refimpl's engine, its end-of-backward reduction written out with seams."""
 
+    mutation_fired = 0  # how often the bug changed what the correct code would have done
+
+    def _fired(self, when: bool = True) -> None:
+        if when:
+            self.mutation_fired += 1
+
     def used_counts(self) -> list[int]:
         """How many ranks hold a gradient, per slot (the same list on every rank)."""
         used = torch.tensor([s.param.grad is not None for s in self._slots], dtype=torch.int32,
@@ -64,6 +70,13 @@ class Engine(ShardedDataParallel):
         self._state = ReduceState.IDLE
 
 
+class Wrapped(RefimplShardedWrapped):
+    """`refimpl-sharded`'s driver plus the engine's fired count (the zoo reads `backward_stats()`)."""
+
+    def backward_stats(self) -> dict:
+        return {"mutation_fired": self.sdp.mutation_fired}
+
+
 class Correct:
     name = "indep-sharded-correct"
     area = "sharded"
@@ -79,7 +92,7 @@ class Correct:
         opt = None
         if optimizer is not None and optimizer.name != "none":
             opt = sdp.make_optimizer(optimizer.build)
-        return RefimplShardedWrapped(sdp, opt)
+        return Wrapped(sdp, opt)
 
 
 def mutant(name: str, clause: str, dimension: str, bug: str, **kw):
@@ -93,8 +106,8 @@ def mutant(name: str, clause: str, dimension: str, bug: str, **kw):
         "the reduced chunk is copied into the sharded gradient, not added: a second synced backward without "
         "zero_grad() replaces the first one's gradient")
 class OverwritesShardedGrad(Engine):
-    @staticmethod
-    def _accumulate(slot, reduced):
+    def _accumulate(self, slot, reduced):
+        self._fired(slot.shard.grad is not None)
         view = slot.flat.grads[slot.offset:slot.offset + slot.chunk]
         view.copy_(reduced)
         slot.shard.grad = view
@@ -105,6 +118,7 @@ class OverwritesShardedGrad(Engine):
         "no_sync() whose backward runs outside it is reduced (and the reverse is not)", may_abort=True)
 class SyncReadAtBackward(Engine):
     def _on_grad_accumulated(self, param):
+        self._fired(self._sync != self._sync_backward and self._state is ReduceState.IDLE)
         if self._sync and self._state is ReduceState.IDLE:
             self._state = ReduceState.REDUCE_QUEUED
             compat.queue_backward_callback(self._reduce_gradients)
@@ -117,7 +131,10 @@ class Rank0DecidesUsed(Engine):
     def used_counts(self):
         used = torch.tensor([s.param.grad is not None for s in self._slots], dtype=torch.int32,
                             device=self._slots[0].param.device)
+        agreed = used.clone()
+        dist.all_reduce(agreed, group=self.process_group)
         dist.broadcast(used, src=dist.get_global_rank(self.process_group, 0), group=self.process_group)
+        self._fired(bool(((agreed > 0) != (used > 0)).any()))
         return (used * self.world_size).tolist()
 
 
@@ -125,6 +142,7 @@ class Rank0DecidesUsed(Engine):
         "a gradient is divided by the number of ranks that used the parameter, not by the world size")
 class DividesByUsedRanks(Engine):
     def divisor(self, n_ranks):
+        self._fired(n_ranks != self.world_size)
         return n_ranks
 
 
@@ -133,6 +151,7 @@ class DividesByUsedRanks(Engine):
             "ranks' reduce-scatters land in buckets of different dtypes")
 class UnusedZerosDefaultDtype(Engine):
     def zeros_for(self, slot):
+        self._fired(slot.param.dtype != torch.get_default_dtype() and slot.param.grad is None)
         return torch.zeros(slot.chunk * self.world_size, device=slot.param.device)
 
 
@@ -145,6 +164,7 @@ class NoBufferInitBroadcast(Engine):
         super().__init__(module, *args, **kwargs)
         with torch.no_grad():
             for b, mine in zip(module.buffers(), own, strict=True):
+                self._fired(not torch.equal(b, mine))
                 b.copy_(mine)
 
 
@@ -152,6 +172,7 @@ class NoBufferInitBroadcast(Engine):
         "forward(*args, **kwargs) calls the module with the positional arguments only")
 class DropsForwardKwargs(Engine):
     def forward(self, *args, **kwargs):
+        self._fired(bool(kwargs))
         return super().forward(*args)
 
 
@@ -160,6 +181,7 @@ class DropsForwardKwargs(Engine):
 class BuffersBroadcastOnce(Engine):
     def forward(self, *args, **kwargs):
         if getattr(self, "_buffers_synced", False):
+            self._fired(self.broadcast_buffers and self.world_size > 1 and any(True for _ in self.module.buffers()))
             self.broadcast_buffers, keep = False, self.broadcast_buffers
             try:
                 return super().forward(*args, **kwargs)
@@ -176,6 +198,7 @@ class IdleCheckIgnoresNoSync(Engine):
     def forward(self, *args, **kwargs):
         out = super().forward(*args, **kwargs)
         if not self._sync_backward and torch.is_grad_enabled() and not reaches_any(out, self._param_ids):
+            self._fired()
             self._state = ReduceState.REDUCE_QUEUED
             self._reduce_gradients()
         return out
@@ -183,6 +206,7 @@ class IdleCheckIgnoresNoSync(Engine):
 
 class _ZeroGradKeepsLocal(ShardedOptimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model._fired(any(p.grad is not None for p in self.model.module.parameters()))
         self.optimizer.zero_grad(set_to_none=set_to_none)  # the local no_sync() gradients stay
 
 
@@ -196,6 +220,7 @@ class ZeroGradKeepsLocal(Engine):
 
 class _GathersBeforeStep(ShardedOptimizer):
     def step(self, closure=None):
+        self.model._fired()
         self.model.gather_parameters()
         return self.optimizer.step(closure)
 
