@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="multiply scenario timeouts (default 0.25: a hanging mutant costs 15 s, not 60)")
     p.add_argument("--mutant", action="append", default=[], help="only these mutants of the area (repeatable)")
     p.add_argument("--control", action="append", default=[], help="controls (repeatable; default: the area's built-ins and its zoo base)")
+    p.add_argument("--record", default=None, metavar="DIR",
+                   help="record every judged tensor into DIR, for `gradparity compare` (conformance/recording.py)")
     p.add_argument("--set", dest="which", default="own", choices=zoo_mutants.ZOO_SETS,
                    help="which mutants: the area's own zoo, the independent one (written from the contracts alone), or all")
 
@@ -78,7 +80,7 @@ def _zoo_record(result) -> dict:
 
 
 def run_cases(specs: list[str], selection: Selection, *, workers: int, timeout_scale: float,
-              progress=None) -> list[dict]:
+              progress=None, recorder=None) -> list[dict]:
     """Every planned (adapter, scenario) case of `selection`, through the same plan and pipeline as
     `gradparity run`; a control that cannot load is an `error` on each of its cases."""
     results: list[dict] = []
@@ -94,7 +96,7 @@ def run_cases(specs: list[str], selection: Selection, *, workers: int, timeout_s
                 results.append(_zoo_record(CaseResult(Case(s, spec), "error", why.cause, why)) | {"kind": "unavailable"})
     for case in plan_cases(replace(selection, adapters=tuple(loadable))):
         if case.skip:
-            results.append(_zoo_record(run_case(case, None)))
+            results.append(_zoo_record(run_case(case, None, recorder)))
         else:
             todo.put(case)
     total, lock = todo.qsize(), threading.Lock()
@@ -107,7 +109,7 @@ def run_cases(specs: list[str], selection: Selection, *, workers: int, timeout_s
                     case = todo.get_nowait()
                 except queue.Empty:
                     return
-                r = _zoo_record(run_case(case, executor))
+                r = _zoo_record(run_case(case, executor, recorder))
                 with lock:
                     results.append(r)
                     if progress:
@@ -315,7 +317,7 @@ def print_table(doc: dict, console=None) -> None:
 
 def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradparity-reports/zoo", workers: int = 1,
         timeout_scale: float = 0.25, mutants: list[str] | None = None, controls: list[str] | None = None,
-        console=None, which: str = "own") -> tuple[int, dict]:
+        console=None, which: str = "own", record: str | None = None) -> tuple[int, dict]:
     """Run the zoo of `area`; returns (exit status, the zoo document written to zoo.json)."""
     from rich.console import Console
 
@@ -339,7 +341,17 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
         console.print(f"[{done:>3}/{total}] {mark} {who} | {_short(r['scenario'])} {r['kind']}{fired} "
                       f"({r['duration_s']:.1f}s)", highlight=False)
 
-    results = run_cases(specs, selection, workers=workers, timeout_scale=timeout_scale, progress=progress)
+    recorder = None
+    if record:
+        from conformance.recording import Recorder
+        from conformance.report import run_info
+
+        recorder = Recorder(record)
+        recorder.start(info := run_info.collect(profile=profile, adapters=specs))
+    results = run_cases(specs, selection, workers=workers, timeout_scale=timeout_scale, progress=progress,
+                        recorder=recorder)
+    if recorder is not None:
+        recorder.finish(info)
     doc = judge(results, chosen, controls, base=area_zoo.base)
     escaped = [row["mutant"] for row in doc["table"] if not row["caught_by"]]
     bad_controls = [spec for spec, c in doc["controls"].items() if c["failed"]]
@@ -372,7 +384,11 @@ def cmd_zoo(args) -> int:
     from conformance.validation import check_report_dir
 
     check_report_dir(args.report_dir)
+    if args.record:
+        from conformance.recording import check_directory
+
+        check_directory(args.record)
     code, _ = zoo(args.profile, area=args.area, report_dir=args.report_dir, workers=args.workers,
                   timeout_scale=args.timeout_scale, mutants=args.mutant or None, controls=args.control or None,
-                  which=args.which)
+                  which=args.which, record=args.record)
     return code

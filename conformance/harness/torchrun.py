@@ -158,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         start_run(args.report_dir)  # one run per directory: the last one's files go now
         args.run_info = run_info.collect(profile=selection.profile, backend=backend, device=device,
                                          adapters=list(selection.specs))
+        if args.record:  # --record DIR: rank 0 records every case it judges (conformance/recording.py)
+            from conformance.recording import Recorder
+
+            args.recorder = Recorder(args.record)
+            args.recorder.start(args.run_info)
         print(f"gradparity torchrun: world {world} ({backend}/{device}), {len(cases)} cases "
               f"({sum(bool(c.skip) for c in cases)} skipped)", flush=True)
         for line in plan.unmatched:
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if world_run.broken:
             result = never_ran(case, world_run.broken)
         else:
-            result = run_case(case, world_run)
+            result = run_case(case, world_run, getattr(args, "recorder", None))
             if not case.skip and case.area.in_process:
                 world_run.sync()
         results.append(result)
@@ -193,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         written = _write(args, selection, results, [], world_run.broken)
         records = [r.record() for r in results]
         print_run_summary(records, written, plan.unmatched, stopped=world_run.broken)
+        if getattr(args, "recorder", None) is not None:
+            index = args.recorder.finish(args.run_info, stopped=world_run.broken or None)
+            print(f"recording: {args.record} ({len(index['case_files'])} cases, {index['bytes'] / 1e6:.1f} MB)", flush=True)
         code = _exit_status(records)
     if not world_run.broken:
         if ctx.scratch.get("rpc"):

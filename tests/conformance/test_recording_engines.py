@@ -3,6 +3,7 @@ gradients (tests/conformance/order_engines.py) both pass the oracle at 3 ranks, 
 `gradparity compare` names the first step and tensor where they part; the same engine recorded
 twice compares bitwise. A real w3 gloo world through the case pipeline, as `gradparity run` runs it."""
 
+import pytest
 import torch
 
 from conformance.adapters.registry import ddp_class_spec
@@ -14,6 +15,7 @@ from tests.conformance.area_cases import scenario
 ASCENDING = ddp_class_spec("tests.conformance.order_engines:AscendingSum")
 DESCENDING = ddp_class_spec("tests.conformance.order_engines:DescendingSum")
 SCENARIO = "ddp/plain/mlp/w3/fp32"
+pytestmark = pytest.mark.slow  # a w3 gloo world
 
 
 def _record(directory, specs, session):
