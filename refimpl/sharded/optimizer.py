@@ -9,14 +9,28 @@ full parameters before the next forward.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
+from torch import nn
 
-if TYPE_CHECKING:
-    from .engine import ShardedDataParallel
+__all__ = ["ShardedModel", "ShardedOptimizer"]
 
-__all__ = ["ShardedOptimizer"]
+
+class ShardedModel(Protocol):
+    """What the optimizer needs of a sharded engine (``ShardedDataParallel`` is one).
+
+    A protocol, not an import of the engine: the engine builds this optimizer, so importing
+    it here would make the two modules import each other.
+    """
+
+    module: nn.Module
+
+    def sharded_parameters(self) -> list[nn.Parameter]: ...
+
+    def gather_parameters(self) -> None: ...
+
+    def _assert_idle(self, what: str) -> None: ...
 
 
 class ShardedOptimizer:
@@ -26,7 +40,7 @@ class ShardedOptimizer:
     takes 1/W of the memory. ``state_dict()`` is this rank's shard of the state.
     """
 
-    def __init__(self, model: ShardedDataParallel,
+    def __init__(self, model: ShardedModel,
                  optimizer_class: Callable[..., torch.optim.Optimizer], **kwargs) -> None:
         self.model = model
         self.optimizer = optimizer_class(model.sharded_parameters(), **kwargs)
