@@ -40,3 +40,45 @@ __all__ = [
     "scatter_kwargs",
 ]
 
+
+
+# [Note: deprecated paths of 0.1.0]
+# In refimpl 0.1.0 `refimpl.data_parallel.data_parallel` was the module holding the function,
+# and the package was callable (`refimpl.data_parallel(model, inputs, devices)`), because
+# `from refimpl import data_parallel` gave the function. Now that name is the function, as in
+# torch. Until refimpl 0.3.0 both old forms keep working with a DeprecationWarning: calling the
+# package calls the function, and the old module path imports from `sys.modules` (a file of
+# that name would rebind this package's `data_parallel` to a module) and reads
+# `refimpl.data_parallel.forward`.
+import sys as _sys  # noqa: E402
+import types as _types  # noqa: E402
+import warnings as _warnings  # noqa: E402
+
+from refimpl import _deprecated  # noqa: E402
+
+
+class _CallablePackage(_types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        _warnings.warn(
+            "calling the package refimpl.data_parallel is deprecated and will be removed in refimpl "
+            f"{_deprecated.REMOVED_IN}: call refimpl.data_parallel.data_parallel (the function)",
+            DeprecationWarning, stacklevel=2,
+        )
+        return data_parallel(*args, **kwargs)
+
+
+class _MovedModule(_types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        _warnings.warn(_deprecated.message(self.__name__), DeprecationWarning, stacklevel=2)
+        from . import forward
+
+        return getattr(forward, name)
+
+
+_sys.modules[__name__].__class__ = _CallablePackage
+_sys.modules.setdefault(
+    __name__ + ".data_parallel",
+    _MovedModule(__name__ + ".data_parallel", "Deprecated: moved to `refimpl.data_parallel.forward`."),
+)

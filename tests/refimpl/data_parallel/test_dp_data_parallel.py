@@ -248,13 +248,14 @@ def test_DataParallel_module_state_dict_and_optimizer_step():
 def test_top_level_exports():
     # `refimpl.data_parallel` is the package whatever the import order (no name clash): the
     # function is `refimpl.data_parallel.data_parallel`, the module `refimpl.DataParallel`.
+    # (Calling the package is 0.1.0's form, deprecated: tests/refimpl/test_public_api.py.)
     import types
 
     import refimpl.data_parallel as pkg
 
     assert isinstance(refimpl.data_parallel, types.ModuleType) and refimpl.data_parallel is pkg
     assert refimpl.DataParallel is DataParallel is pkg.DataParallel
-    assert pkg.data_parallel is data_parallel and not callable(pkg)
+    assert pkg.data_parallel is data_parallel
     x = ints(4, 4)
     m = mlp()
     assert torch.equal(refimpl.data_parallel.data_parallel(m, x, ["cpu", "cpu"]), data_parallel(m, x, ["cpu", "cpu"]))

@@ -1,0 +1,5 @@
+"""Deprecated: moved to `refimpl.sharded.bucketer` (refimpl 0.2.0); this path is removed in 0.3.0."""
+
+from refimpl._deprecated import reexport
+
+reexport(__name__, globals())
