@@ -172,7 +172,8 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                     loss = loss_fn(wrapped(x, rank=ctx.rank, micro=0))
                 backward(scaler.scale(loss) if scaler is not None else loss)
                 record["events"].append(
-                    {"kind": "backward", "step": step, "micro": 0, "synced": True, "values": wrapped.full_gradients()}
+                    {"kind": "backward", "step": step, "micro": 0, "synced": True, "values": wrapped.full_gradients(),
+                     "loss": loss.detach().to("cpu", copy=True)}  # for --record (conformance.recording); never judged
                 )
                 if optimizer is not None:
                     _step(feats, optimizer, scaler, wrapped, owns)
