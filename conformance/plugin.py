@@ -223,4 +223,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                   stopped=gp.stopped)
     if gp.recorded is not None:
         terminalreporter.write_line(f"recording: {gp.recorder.directory} ({len(gp.recorded['case_files'])} cases, "
-                                    f"{gp.recorded['bytes'] / 1e6:.1f} MB); compare two with `gradparity compare BASE NEW`")
+                                    f"{gp.recorded['bytes'] / 1e6:.1f} MB, {gp.recorded['record_seconds_this_process']:.1f} s spent "
+                                    "recording in this process); compare two with `gradparity compare BASE NEW`")

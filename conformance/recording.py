@@ -198,6 +198,7 @@ class Recorder:
 
     directory: str
     started: float = field(default_factory=time.time)
+    seconds: float = 0.0  # spent in `add` by this process (the overhead of recording, for the index)
 
     def start(self, run_info: dict) -> None:
         """Remove the previous recording's files (only those) and say a run is under way."""
@@ -210,6 +211,7 @@ class Recorder:
 
     def add(self, result, outcome=None, taps: list | None = None, where: str = "") -> str:
         """Record one case (whatever its verdict: a failing run's tensors are what you compare)."""
+        t0 = time.perf_counter()
         case = result.case
         rows = _extract(outcome.values) if outcome is not None else []
         rows += _from_taps(taps or [])
@@ -235,6 +237,7 @@ class Recorder:
         }
         path = os.path.join(self.directory, CASES, _file_name(case.id))
         _atomic(path, lambda tmp: torch.save(doc, tmp))
+        self.seconds += time.perf_counter() - t0
         return path
 
     def finish(self, run_info: dict, *, stopped: str | None = None) -> dict:
@@ -246,7 +249,7 @@ class Recorder:
         files = sorted(n for n in os.listdir(cases) if n.endswith(_SUFFIX)) if os.path.isdir(cases) else []
         index = {"schema": SCHEMA, "complete": complete, "stopped": stopped, "started": self.started,
                  "finished": time.time() if complete or stopped else None, "provenance": run_info,
-                 "case_files": files,
+                 "case_files": files, "record_seconds_this_process": round(self.seconds, 3),
                  "bytes": sum(os.path.getsize(os.path.join(cases, n)) for n in files)}
         text = json.dumps(index, indent=2, default=str)
 
