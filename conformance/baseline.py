@@ -107,6 +107,8 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     optimizer = make_optimizer(scenario.optimizer, params)
+    # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
+    comm = sem.communication.simulator(scenario, named) if sem.communication is not None else None
     state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
     buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
     baseline = Baseline(scenario, state(), buffers(), [])
@@ -160,7 +162,7 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
                 rank_buffers = after_forward
             load_buffers(model, rank_buffers[0])
             if synced:
-                avg = average(local, W)
+                avg = comm.reduce(local) if comm is not None else average(local, W)
                 if sem.unused == Unused.ZEROS:
                     avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
                 baseline.events.append(Expected("backward", step, micro, True, [avg] * W))

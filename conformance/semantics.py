@@ -74,17 +74,22 @@ class Semantics:
     buffers: Buffers = Buffers.BEFORE_FORWARD
     unused: Unused = Unused.NONE
     lossy: Tolerance | None = None
+    # Lossy communication the oracle simulates exactly (conformance.powersgd_oracle.PowerSGDConfig):
+    # no bound, the algorithm itself, run over the ranks' gradients with the engine's state and seeds.
+    communication: object | None = None
     sources: tuple[str, ...] = ()
 
     def deviations(self) -> list[str]:
         """Every declared rule that differs from torch DDP's, as `name: ours (torch DDP: theirs)`."""
         out = []
         for f in fields(self):
-            if f.name in ("sources", "lossy"):
+            if f.name in ("sources", "lossy", "communication"):
                 continue
             ours, theirs = getattr(self, f.name), getattr(TORCH_DDP, f.name)
             if ours != theirs:
                 out.append(f"{f.name}: {ours.value} (torch DDP: {theirs.value})")
+        if self.communication is not None:
+            out.append(f"lossy communication: {self.communication.describe()}, ranks bitwise")
         if self.lossy is not None:
             out.append(f"lossy communication: {self.lossy.describe()} vs the oracle, ranks bitwise ({self.lossy.reason})")
         return out
