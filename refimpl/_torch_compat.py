@@ -36,6 +36,7 @@ __all__ = [
     "flatten_dense",
     "foreach_copy_",
     "hook_dict",
+    "profiler_enabled",
     "fsdp2_unsharded_grads",
     "fsdp_flat_param",
     "fsdp_unflat_views",
@@ -62,6 +63,11 @@ autograd_tls_has = torch._C._is_key_in_tls
 autograd_tls_get = torch._C._get_obj_in_tls
 autograd_tls_stash = torch._C._stash_obj_in_tls
 autograd_tls_remove = torch._C._remove_obj_from_tls
+
+# Whether the autograd profiler records on this thread (a direct alias: distributed autograd asks
+# on every backward, and opens torch's ``record_function`` scopes only then; entering a
+# ``record_function`` costs microseconds even when nothing records, and no public API tells).
+profiler_enabled = torch.autograd._profiler_enabled
 
 
 def hook_dict(handle):

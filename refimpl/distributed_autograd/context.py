@@ -66,7 +66,13 @@ class DistAutogradContext:
     # not yet there: told before this context sends anything again (next RPC or backward), and
     # not at all when the context exits first (see lifetime.py [Note: deferred release]).
     pending_releases: list = field(default_factory=list)
+    # message id -> the send function of one outgoing message (functions.SendRpcBackward), and
+    # message id -> the recv node of one received message: torch's ``_send_functions()`` and
+    # ``_recv_functions()``, dropped with the graph (``release_graph``).
+    send_functions: dict = field(default_factory=dict)
+    recv_functions: dict = field(default_factory=dict)
     _send_ids: Iterator[int] = field(default_factory=itertools.count)
+    _message_ids: Iterator[int] = field(default_factory=itertools.count)
 
     # torch's names for the accessors tests and tools read ------------------------------------
     def _context_id(self) -> int:
@@ -75,6 +81,26 @@ class DistAutogradContext:
     def _known_worker_ids(self) -> set[int]:
         with self.lock:
             return set(self.known_workers)
+
+    def _send_functions(self) -> dict:
+        """torch's ``_send_functions()``: message id -> send function (its ``next_functions``
+        are the edges recorded for that message), in the order the messages were sent."""
+        with self.lock:
+            return dict(self.send_functions)
+
+    def _recv_functions(self) -> dict:
+        """torch's ``_recv_functions()``: message id -> the recv node of a received message."""
+        with self.lock:
+            return dict(self.recv_functions)
+
+    def add_send_function(self, node) -> None:
+        with self.lock:
+            self.send_functions[next(self._message_ids)] = node
+
+    def add_recv_function(self, node, origin: int) -> None:
+        with self.lock:
+            self.recv_functions[next(self._message_ids)] = node
+            self.known_workers.add(origin)
 
     def add_send(self, edge: GradientEdge, dst: int) -> int:
         with self.lock:
@@ -95,6 +121,8 @@ class DistAutogradContext:
         """Drop the references this context keeps into the autograd graph."""
         with self.lock:
             self.sends.clear()
+            self.send_functions.clear()
+            self.recv_functions.clear()
             self.graph_epoch += 1
 
 

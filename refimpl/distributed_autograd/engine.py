@@ -48,13 +48,17 @@ from collections.abc import Sequence
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.autograd.profiler import record_function
 
-from .._torch_compat import engine_run_backward, sparse_values
+from .._torch_compat import engine_run_backward, profiler_enabled, sparse_values
 from . import capture, lifetime, messaging
 from . import credit as credit_mod
 from .capture import install_leaf_hook
 from .context import DistAutogradContext, container
-from .functions import RecvBackward
+from .functions import SEND_NAME, RecvBackward
+
+# torch's profiler scope of a distributed backward (see [Note: profiler scopes]).
+BACKWARD_NAME = "torch::distributed::autograd::backward"
 
 
 # roots ------------------------------------------------------------------------------------------
@@ -319,7 +323,11 @@ def _run_messages(ctx: DistAutogradContext, me: int, batch):
     share = sum((credit for _, credit, _ in batch), credit_mod.NONE)
     path = frozenset({me}).union(*(p for _, _, p in batch))
     try:
-        edges, grads = _merge_items(ctx, [items for items, _, _ in batch])
+        if profiler_enabled():
+            with record_function(SEND_NAME):
+                edges, grads = _merge_items(ctx, [items for items, _, _ in batch])
+        else:
+            edges, grads = _merge_items(ctx, [items for items, _, _ in batch])
         outbound = _run_local(ctx, edges, grads, retain_graph=True)
     except Exception as exc:
         return share, path, {}, (me, f"{exc}")
@@ -360,7 +368,24 @@ def backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool 
     (``get_gradients(context_id)`` on that worker), never into ``.grad``. Returns when all
     those workers have finished. A failure anywhere raises ``RuntimeError("Error on Node N:
     ...")`` here.
+
+    [Note: profiler scopes]
+    While torch's autograd profiler records on the calling thread, the pass shows up under
+    torch's names: the whole call as ``torch::distributed::autograd::backward``; every run of a
+    recv node as ``...RecvRpcBackward`` (autograd records each node under its name:
+    functions.py); and each local run of received gradients as ``...SendRpcBackward``, around
+    handing them to the send edges (torch: one event per send function that runs; here one per
+    run, which may serve several). With the profiler off this costs one flag read per backward
+    and per run of received gradients.
     """
+    if profiler_enabled():
+        with record_function(BACKWARD_NAME):
+            _backward(context_id, roots, retain_graph)
+    else:
+        _backward(context_id, roots, retain_graph)
+
+
+def _backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool) -> None:
     if not isinstance(context_id, int) or isinstance(context_id, bool):
         raise TypeError(
             "backward(): incompatible function arguments: context_id must be an int, got "

@@ -69,6 +69,32 @@ class RecvFunction(torch.autograd.Function):
 
 
 RecvBackward = RecvFunction._backward_cls
+# torch's node names (``node.name()`` of a Python node is its class's name). Autograd's profiler
+# records every node it runs under its name, so a run through a recv node shows up as torch's.
+RECV_NAME = RecvBackward.__name__ = "torch::distributed::autograd::RecvRpcBackward"
+SEND_NAME = "torch::distributed::autograd::SendRpcBackward"
+
+
+class SendRpcBackward:
+    """The send function of one outgoing message, as torch's ``_send_functions()`` shows it: its
+    ``next_functions`` are the ``(node, input_nr)`` send edges recorded for the message's
+    tensors requiring grad, in payload order.
+
+    Not an autograd node (see [Note: send/recv pairs]): the engine starts local runs from the
+    edges themselves, and this object only lets tools and torch's tests read the graph.
+    """
+
+    __slots__ = ("next_functions",)
+
+    def __init__(self, edges: list[GradientEdge]) -> None:
+        self.next_functions = tuple((e.node, e.output_nr) for e in edges)
+
+    @staticmethod
+    def name() -> str:
+        return SEND_NAME
+
+    def __repr__(self) -> str:
+        return f"<SendRpcBackward of {len(self.next_functions)} edges>"
 
 
 class WireTensor:
@@ -118,25 +144,27 @@ def send_edge(t: torch.Tensor) -> GradientEdge:
 
 
 def pack(ctx: DistAutogradContext, dst: int, obj: Any) -> tuple[Any, int]:
-    """Replace every tensor requiring grad in ``obj`` by a ``WireTensor`` and record its send
-    edge.
+    """Replace every tensor requiring grad in ``obj`` (one message) by a ``WireTensor`` and
+    record its send edge, and the message's ``SendRpcBackward``.
 
     Returns the packed object and the number of sends recorded. Outside grad mode nothing
     is recorded (like a forward under ``torch.no_grad()``).
     """
     if not torch.is_grad_enabled():
         return obj, 0
-    count = 0
+    edges: list[GradientEdge] = []
 
     def one(t):
-        nonlocal count
         if not isinstance(t, torch.Tensor) or not t.requires_grad:
             return t
-        count += 1
-        return WireTensor(t.detach(), ctx.add_send(send_edge(t), dst))
+        edge = send_edge(t)
+        edges.append(edge)
+        return WireTensor(t.detach(), ctx.add_send(edge, dst))
 
     packed = _map(obj, one)
-    return packed, count
+    if edges:  # one send function per message that records anything, as torch's
+        ctx.add_send_function(SendRpcBackward(edges))
+    return packed, len(edges)
 
 
 def _wires(obj: Any, out: list) -> None:
@@ -168,7 +196,6 @@ def unpack(ctx: DistAutogradContext, origin: int, obj: Any) -> Any:
     node = received[0].grad_fn
     node.origin, node.send_ids = origin, [w.send_id for w in wires]
     node.context_id, node.epoch = ctx.context_id, ctx.graph_epoch
-    with ctx.lock:
-        ctx.known_workers.add(origin)
+    ctx.add_recv_function(node, origin)
     outputs = iter(received)
     return _map(obj, lambda t: next(outputs) if isinstance(t, WireTensor) else t)

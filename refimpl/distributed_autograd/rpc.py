@@ -107,8 +107,8 @@ def _prepare(to, func, args, kwargs):
     _reach(ctx, dst)
     if isinstance(func, torch.jit.ScriptFunction):
         func = _ScriptTarget(func.qualified_name)
-    packed_args, _ = pack(ctx, dst, tuple(args) if args is not None else ())
-    packed_kwargs, _ = pack(ctx, dst, dict(kwargs) if kwargs is not None else {})
+    call = (tuple(args) if args is not None else (), dict(kwargs) if kwargs is not None else {})
+    (packed_args, packed_kwargs), _ = pack(ctx, dst, call)  # one message: one send function
     return ctx, dst, (ctx.context_id, me, func, packed_args, packed_kwargs)
 
 

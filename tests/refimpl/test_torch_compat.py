@@ -77,6 +77,13 @@ def test_engine_run_backward_accumulates_like_backward():
     assert torch.equal(a.grad, torch.tensor([2.0, 4.0]))
 
 
+def test_profiler_enabled_tells_whether_the_profiler_records():
+    assert not compat.profiler_enabled()
+    with torch.autograd.profiler.profile():
+        assert compat.profiler_enabled()
+    assert not compat.profiler_enabled()
+
+
 def test_sparse_values_reads_uncoalesced_tensors():
     t = torch.sparse_coo_tensor([[0, 0, 2]], [1.0, 2.0, 3.0], (3,))
     assert not t.is_coalesced()

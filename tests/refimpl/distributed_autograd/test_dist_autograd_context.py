@@ -119,3 +119,40 @@ def _check_contexts(world_size):
 @pytest.mark.slow
 def test_contexts_in_rpc_world(rpc_world):
     rpc_world.run(_check_contexts)
+
+
+# ---------------------------------------------------------------------------------------------
+def _check_new_release_and_max_id(world_size):
+    import refimpl.distributed_autograd as dist_autograd
+    from refimpl.distributed_autograd.context import current_context
+
+    assert dist_autograd._get_max_id() == (0 << 48) + (1 << 48) - 1
+    assert dist_autograd.rpc_sync(worker_name(1), dist_autograd._get_max_id) == (1 << 48) + (
+        1 << 48
+    ) - 1
+
+    # _new_context makes the context the thread's current one; RPCs record in it
+    ctx = dist_autograd._new_context()
+    try:
+        assert current_context() is ctx
+        assert dist_autograd.current_context_id() == ctx._context_id()
+        with pytest.raises(RuntimeError, match="Already have an autograd context id"):
+            dist_autograd._new_context()
+        x = torch.ones(2, requires_grad=True)
+        for _ in range(3):
+            dist_autograd.rpc_sync(worker_name(1), torch.add, args=(x, x))
+        assert len(ctx._send_functions()) == 3 and len(ctx._recv_functions()) == 3
+    finally:
+        dist_autograd._release_context(ctx.context_id)
+    # released here (no longer current) and on the worker it reached
+    assert current_context() is None
+    with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {ctx.context_id}"):
+        dist_autograd._retrieve_context(ctx.context_id)
+    with pytest.raises(RuntimeError, match=f"Could not find autograd context with id: {ctx.context_id}"):
+        dist_autograd._release_context(ctx.context_id)
+    wait_nothing_left(world_size)
+
+
+@pytest.mark.slow
+def test_new_release_context_and_max_id_in_rpc_world(rpc_world):
+    rpc_world.run(_check_new_release_and_max_id)

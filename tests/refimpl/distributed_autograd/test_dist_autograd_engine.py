@@ -349,3 +349,34 @@ def _check_fetch_by_key(world_size):
 @pytest.mark.slow
 def test_to_here_fetches_by_key_and_records(rpc_world):
     rpc_world.run(_check_fetch_by_key)
+
+
+def _check_profiler_scopes(world_size):
+    """While the profiler records, a backward shows torch's scopes (engine.py [Note: profiler
+    scopes]): the whole call, the recv node's run, and the run of the gradients received for
+    this worker's send function; the backward's scope holds the others."""
+    import refimpl.distributed_autograd as dist_autograd
+
+    t1, t2 = torch.rand(3, 3, requires_grad=True), torch.rand(3, 3, requires_grad=True)
+    with dist_autograd.context() as cid:
+        loss = dist_autograd.rpc_sync(worker_name(1), torch.add, args=(t1, t2)).sum()
+        with torch.autograd.profiler.profile() as prof:
+            dist_autograd.backward(cid, [loss])
+        grads = dist_autograd.get_gradients(cid)
+    torch.testing.assert_close(grads[t1], torch.ones(3, 3))
+    events = {}
+    for e in prof.function_events:
+        events.setdefault(e.name, []).append(e)
+    names = ("backward", "RecvRpcBackward", "SendRpcBackward")
+    found = {n: events.get(f"torch::distributed::autograd::{n}", []) for n in names}
+    assert all(len(v) == 1 for v in found.values()), {n: len(v) for n, v in found.items()}
+    whole = found["backward"][0].time_range
+    for n in names[1:]:
+        part = found[n][0].time_range
+        assert whole.start <= part.start and part.end <= whole.end, (n, whole, part)
+    wait_nothing_left(world_size)
+
+
+@pytest.mark.slow
+def test_profiler_scopes_are_torch_names(rpc_world):
+    rpc_world.run(_check_profiler_scopes)

@@ -12,6 +12,7 @@ from refimpl.distributed_autograd.context import ContextContainer
 from refimpl.distributed_autograd.engine import _run_local
 from refimpl.distributed_autograd.functions import (
     RecvBackward,
+    SendRpcBackward,
     WireTensor,
     pack,
     send_edge,
@@ -82,6 +83,50 @@ def test_one_recv_node_per_message_routes_each_gradient_to_its_send_id():
     torch.testing.assert_close(sender.grads[a], torch.full((3,), 10.0))
     torch.testing.assert_close(sender.grads[c], torch.full((3,), 3000.0))
     assert b not in sender.grads
+
+
+def test_send_functions_one_per_message_with_the_recorded_edges_as_next_functions():
+    """torch's ``_send_functions()``: one send function per message that records anything;
+    its next_functions are the message's send edges in payload order, under torch's names."""
+    ctx = ContextContainer(0).new_context()
+    a, b = torch.ones(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    pack(ctx, 1, ((a, torch.ones(2), b), {}))  # one message: args and kwargs together
+    pack(ctx, 2, (torch.ones(2),))  # nothing requires grad: no send function
+    pack(ctx, 1, (a * 3,))
+    sends = ctx._send_functions()
+    assert len(sends) == 2 and all(isinstance(f, SendRpcBackward) for f in sends.values())
+    first, second = sends.values()
+    assert first.name() == "torch::distributed::autograd::SendRpcBackward"
+    assert [(n.name(), nr) for n, nr in first.next_functions] == [
+        ("torch::autograd::AccumulateGrad", 0)
+    ] * 2
+    assert [n.variable for n, _ in first.next_functions] == [a, b]
+    ((mul, nr),) = second.next_functions
+    assert (mul.name(), nr) == ("MulBackward0", 0)
+    assert mul.next_functions[0][0].variable is a
+    ctx.release_graph()  # the graph is dropped: so are the send functions holding it
+    assert ctx._send_functions() == {}
+
+
+def test_recv_functions_are_the_recv_nodes_under_torch_name():
+    sender = ContextContainer(0).new_context()
+    receiver = ContextContainer(1).get_or_create(sender.context_id)
+    x = torch.ones(2, requires_grad=True)
+    (t1, t2), _ = pack(sender, 1, (x * 1, x * 2))
+    r1, r2 = unpack(receiver, 0, (t1, t2))
+    recvs = receiver._recv_functions()
+    assert list(recvs.values()) == [r1.grad_fn] and r1.grad_fn is r2.grad_fn
+    assert r1.grad_fn.name() == "torch::distributed::autograd::RecvRpcBackward"
+    nodes = (r1 + r2).grad_fn.next_functions  # torch's test: both edges reach the one node
+    assert [(n.name(), nr) for n, nr in nodes] == [
+        ("torch::distributed::autograd::RecvRpcBackward", 0),
+        ("torch::distributed::autograd::RecvRpcBackward", 1),
+    ]
+    # A message without tensors requiring grad records no recv node.
+    unpack(receiver, 0, (torch.ones(1),))
+    assert len(receiver._recv_functions()) == 1
+    receiver.release_graph()
+    assert receiver._recv_functions() == {}
 
 
 def test_loopback_send_recv_routes_gradients():
