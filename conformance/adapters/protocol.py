@@ -24,6 +24,28 @@ Protocol v2 (engines that own more than the reducer: DeepSpeed, FairScale OSS,
   differs from torch DDP (conformance.semantics): the oracle models them, the report shows them.
 - `Adapter.unavailable(scenario)`: a reason to skip a scenario that cannot run here.
 
+The loop each DDP-area runner drives (runners/ddp.py; runners/ddp_features.py adds the
+features around the same skeleton), so an adapter author knows when each call happens::
+
+    wrapped = adapter.wrap(model, ctx, options[, optimizer=OptimizerSpec])   # ctx: RankContext
+    record init: wrapped.full_parameters(), wrapped.full_buffers()
+    optimizer = wrapped.optimizer if "optimizer" in owns else torch optimizer(wrapped.optimizer_parameters())
+    for step in range(steps):
+        for micro in range(micro_batches):          # all but the last inside wrapped.no_sync()
+            loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))   # autocast around it (features)
+            wrapped.backward(loss) if "backward" in owns else loss.backward()   # GradScaler-scaled (features)
+            record wrapped.full_gradients()          # after EVERY backward, synced or not
+        [features: wrapped.clip_grad_norm_(max) | torch clip | engine clips in step (OptimizerSpec.clip)]
+        optimizer.step()                             # scaler.step(optimizer) with a GradScaler
+        wrapped.zero_grad(...) if "zero_grad" in owns (or zero_grad="engine") else optimizer.zero_grad(...)
+        record wrapped.full_parameters(), wrapped.full_buffers()
+        [features, checkpoint round trip: wrapped.checkpoint_state() / load_checkpoint_state(state)
+         with checkpoint_api = True, else torch DDP's wrapped.ddp.state_dict(); then a fresh wrap]
+    wrapped.close()                                  # optional; always called once the run is recorded
+
+`ctx` (conformance.harness.context.RankContext) carries `rank`, `world_size`, `group` (the
+process group to pass to the engine; never the default group), `device` and `topology`.
+
 A worked example (an engine with its own optimizer wrapper and zero-filled unused grads)::
 
     from conformance.adapters.ddp_like import DDPLikeWrapped, DDP_CAPABILITIES
