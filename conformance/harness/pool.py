@@ -15,10 +15,29 @@ Failure handling (DESIGN.md, "Harness"):
 [Note: timeouts under load]
 A slow or oversubscribed machine must never turn into a failure, and a hang must not take
 minutes to detect on an idle one. So a task's timeout is a budget, not a verdict: once it is
-spent, the pool declares a hang only if no rank has used CPU for `STALL_S` (a rank blocked in
-a collective, or asleep, uses none; a starved but working rank still gets slices), or if the
-ranks are still busy after `HARD_CAP` times the budget (a livelock). On an idle machine a
-hang is reported right at the budget, as before.
+spent, the pool declares a hang only if no rank has shown activity for `STALL_S` (a rank
+blocked in a collective, or asleep, shows none), or if the ranks are still busy after
+`HARD_CAP` times the budget (a livelock). On an idle machine a hang is reported right at the
+budget, as before.
+
+Activity is not CPU time alone (`activity_seconds`): a rank that is runnable but waits for a
+core (its run-queue delay, /proc/<pid>/task/*/schedstat), or that waits for the disk (a
+thread in state D: page faults on torch's libraries when memory is tight), is working, not
+stalled. Measured here (2 cores, load 26, ranks starting): each rank got 0.02 CPU-s per
+second and 1.0 s of run-queue wait per second. With the kernel's per-session fair share
+(sched_autogroup, on here) a starting world's CPU share shrinks with every other busy
+session, and ranks that page torch's libraries back in use no CPU at all: a CPU-rate rule
+alone can call such a start "idle" and fail it as an infrastructure error, as seen on a
+loaded machine (issue #26: w4 pools failing to start twice at load 12-13, every rank
+"idle" for 11 s). The exact trigger was not reproduced here; both causes are covered.
+
+[Note: start phases]
+A rank tells the coordinator each step of its start (`Op.PHASE`: spawned, imported torch,
+joined the store, joined the group). A phase is progress for the watchdog, and a start that
+does fail names the step every rank had reached, so a genuine rendezvous wedge (every rank
+past "store", none past "group") is told apart from a slow import. A start's livelock cap is
+`STARTUP_HARD_CAP` times its budget: a rendezvous poll (FileStore wakes every 10 ms) counts
+as activity under load, so a genuinely wedged start ends there, not at `HARD_CAP`.
 """
 
 from __future__ import annotations
@@ -41,7 +60,8 @@ STARTUP_TIMEOUT_S = float(os.environ.get("GRADPARITY_STARTUP_TIMEOUT", "60"))
 ERROR_GRACE_S = 3.0  # how long the other ranks get to answer once one rank has failed
 STALL_S = float(os.environ.get("GRADPARITY_STALL_S", "10"))  # no CPU used by any rank for this long: stalled
 HARD_CAP = 10.0  # a busy task is given at most this many times its budget
-MIN_PROGRESS_RATE = 0.03  # CPU seconds per second (all ranks together) that count as progress
+STARTUP_HARD_CAP = 4.0  # a start is given at most this many times STARTUP_TIMEOUT_S ([Note: start phases])
+MIN_PROGRESS_RATE = 0.03  # activity seconds per second (all ranks together) that count as progress
 POLL_S = 0.5
 STACK_WAIT_S = 5.0  # how long hung ranks get to write their stacks after SIGUSR1
 
@@ -137,7 +157,8 @@ class RankPool:
             child.close()
             self._procs.append(proc)
             self._conns.append(parent)
-        outcome = self._collect(TaskOutcome(f"start {self.topology.key()}"), Op.READY, None, STARTUP_TIMEOUT_S)
+        outcome = self._collect(TaskOutcome(f"start {self.topology.key()}"), Op.READY, None, STARTUP_TIMEOUT_S,
+                                hard_cap=min(HARD_CAP, STARTUP_HARD_CAP))
         if not outcome.ok:
             self._break()
             raise PoolStartError(f"could not start ranks for {self.topology.key()}:\n{outcome.render_failures()}", outcome)
@@ -203,9 +224,11 @@ class RankPool:
         return outcome
 
     # -- internals ---------------------------------------------------------------------
-    def _collect(self, outcome: TaskOutcome, want: Op, task_id: int | None, timeout: float) -> TaskOutcome:
+    def _collect(self, outcome: TaskOutcome, want: Op, task_id: int | None, timeout: float,
+                 hard_cap: float | None = None) -> TaskOutcome:
         """Wait for one `want` message per rank, watching for deaths, errors and hangs."""
-        watch = Watchdog(self.pids, timeout)
+        watch = Watchdog(self.pids, timeout, hard_cap=hard_cap)
+        phases: dict[int, str] = {}  # the start step each rank reached ([Note: start phases])
         grace_until = None
         pending = set(range(len(self._conns)))
         by_conn = {conn: rank for rank, conn in enumerate(self._conns)}
@@ -235,7 +258,10 @@ class RankPool:
                     except (EOFError, OSError):
                         message = None  # the pipe closed: the process is gone
                 if message is not None:
-                    if message["op"] == Op.ERROR and message.get("id") == task_id:
+                    if message["op"] == Op.PHASE:
+                        phases[rank] = message["phase"]
+                        watch.note_progress()
+                    elif message["op"] == Op.ERROR and message.get("id") == task_id:
                         kind = "infrastructure" if message.get("stage") == "setup" else "raised"
                         outcome.failures[rank] = RankFailure(rank, kind, message["error"], message["traceback"])
                         pending.discard(rank)
@@ -261,7 +287,9 @@ class RankPool:
                 else f"{hung} while running {outcome.label}"
             )
             for rank in pending:
-                outcome.failures[rank] = RankFailure(rank, kind, f"waiting for {want.value}: {why}", stack=stacks.get(rank, ""))
+                where = f" (start reached: {phases.get(rank, 'not even spawned')})" if want == Op.READY else ""
+                outcome.failures[rank] = RankFailure(rank, kind, f"waiting for {want.value}: {why}{where}",
+                                                     stack=stacks.get(rank, ""))
         for failure in outcome.failures.values():
             failure.log_tail = failure.log_tail or self._log_tail(failure.rank)
         return outcome
@@ -349,37 +377,74 @@ def cpu_seconds(pids) -> float | None:
     return total / ticks
 
 
+def activity_seconds(pids) -> tuple[float, bool] | None:
+    """(CPU time + run-queue wait, any thread waiting for the disk) over every thread.
+
+    See [Note: timeouts under load]: a rank that waits for a core or for the disk is busy,
+    not stalled. Falls back to `cpu_seconds` where schedstat is absent; None without /proc.
+    """
+    total, io_wait, seen = 0.0, False, False
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # the process is gone: it adds nothing
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                    on_cpu, run_delay = fh.read().split()[:2]
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError, ValueError):
+                continue  # the thread ended between listing and reading
+            seen = True
+            total += (int(on_cpu) + int(run_delay)) / 1e9
+            io_wait = io_wait or state == "D"
+    if not seen:
+        cpu = cpu_seconds(pids)
+        return None if cpu is None else (cpu, False)
+    return total, io_wait
+
+
 class Watchdog:
     """When waiting for ranks has become a hang (see [Note: timeouts under load])."""
 
-    def __init__(self, pids, budget: float):
+    def __init__(self, pids, budget: float, hard_cap: float | None = None):
         self.pids, self.budget = list(pids), budget
+        self.hard_cap = HARD_CAP if hard_cap is None else hard_cap
         self.started = self.progressed_at = self.sampled_at = time.monotonic()
-        self.cpu = cpu_seconds(self.pids)
+        sample = activity_seconds(self.pids)
+        self.active = None if sample is None else sample[0]
+
+    def note_progress(self) -> None:
+        """A rank said it moved on (a start phase): progress whatever the counters say."""
+        self.progressed_at = time.monotonic()
 
     def hung(self) -> str:
         """'' while the task may still answer; otherwise why it is considered hung.
 
-        Progress is a CPU *rate* over about a second: blocked ranks still tick now and then
-        (gloo's and faulthandler's threads), which must not add up to "progress".
+        Progress is an activity *rate* over about a second: blocked ranks still tick now and
+        then (gloo's and faulthandler's threads), which must not add up to "progress".
         """
         now = time.monotonic()
-        cpu = cpu_seconds(self.pids) if now - self.sampled_at >= 1.0 else None
-        if cpu is not None and self.cpu is not None:
-            if (cpu - self.cpu) / (now - self.sampled_at) >= MIN_PROGRESS_RATE:
+        sample = activity_seconds(self.pids) if now - self.sampled_at >= 1.0 else None
+        if sample is not None and self.active is not None:
+            active, io_wait = sample
+            if io_wait or (active - self.active) / (now - self.sampled_at) >= MIN_PROGRESS_RATE:
                 self.progressed_at = now
-            self.cpu, self.sampled_at = cpu, now
+            self.active, self.sampled_at = active, now
         elapsed = now - self.started
         if elapsed < self.budget:
             return ""
-        if self.cpu is None:  # no /proc: a plain timeout
+        if self.active is None:  # no /proc: a plain timeout
             return f"no answer within the {self.budget:g}s timeout"
         idle = now - self.progressed_at
         if idle >= min(STALL_S, self.budget):
             return (f"no answer within the {self.budget:g}s timeout"
-                    + (f" (waited {elapsed:.0f}s; no rank used CPU for the last {idle:.0f}s)" if elapsed > self.budget + 1 else ""))
-        if elapsed >= self.budget * HARD_CAP:
-            return f"still busy but no answer after {elapsed:.3g}s ({HARD_CAP:g}x the {self.budget:g}s timeout)"
+                    + (f" (waited {elapsed:.0f}s; no rank ran, waited for a core or for the disk in the last {idle:.0f}s)"
+                       if elapsed > self.budget + 1 else ""))
+        if elapsed >= self.budget * self.hard_cap:
+            return f"still busy but no answer after {elapsed:.3g}s ({self.hard_cap:g}x the {self.budget:g}s timeout)"
         return ""
 
 

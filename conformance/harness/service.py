@@ -26,6 +26,7 @@ STACK_SIGNAL = signal.SIGUSR1
 
 
 class Op(str, enum.Enum):
+    PHASE = "phase"  # a step of the start was reached (see [Note: start phases] in pool.py)
     READY = "ready"
     TASK = "task"
     RESULT = "result"
@@ -52,6 +53,7 @@ def _redirect_output(log_path: str) -> None:
 
 def serve(rank: int, topology, store_path: str, conn, workdir: str, rpc_init_method: str | None) -> None:
     """Entry point of a spawned rank process."""
+    send(conn, op=Op.PHASE, rank=rank, phase="spawned")
     _redirect_output(os.path.join(workdir, f"rank{rank}.log"))
     faulthandler.enable(all_threads=False)  # a fatal signal leaves "Fatal Python error: ..." + the stack in the log
     from conformance.harness.network import pin_to_loopback
@@ -65,12 +67,14 @@ def serve(rank: int, topology, store_path: str, conn, workdir: str, rpc_init_met
     from conformance.harness.context import RankContext, configure_rank_threads, resolve
 
     configure_rank_threads()
+    send(conn, op=Op.PHASE, rank=rank, phase="imported torch")
     if topology.device == "cuda":
         import torch
 
         torch.cuda.set_device(topology.rank_device(rank))
     store = dist.FileStore(store_path, topology.world_size)
     store.set_timeout(timedelta(seconds=120))
+    send(conn, op=Op.PHASE, rank=rank, phase="joining the group (store and gloo/NCCL connect)")
     dist.init_process_group(
         topology.backend, store=store, rank=rank, world_size=topology.world_size, timeout=timedelta(minutes=10)
     )

@@ -124,3 +124,35 @@ def test_a_pool_that_cannot_start_is_infrastructure_not_a_failure(monkeypatch):
     assert outcome.attempts == 2 and p.startups == 2
     assert classify_outcome(outcome).failure_class is FailureClass.INFRASTRUCTURE
     assert "could not start ranks" in outcome.failures[0].message
+    assert "(start reached: " in outcome.failures[0].message  # which step of the start it was in
+
+
+def test_waiting_for_a_core_is_activity_not_a_stall():
+    """[Note: timeouts under load]: CPU time and run-queue wait both count as activity.
+
+    Two busy threads of this process on the same core: whichever waits for the core adds
+    run-queue time, so activity grows at least as fast as CPU time does.
+    """
+    import os
+    import threading
+    import time
+
+    from conformance.harness.pool import activity_seconds, cpu_seconds
+
+    before, cpu_before = activity_seconds([os.getpid()]), cpu_seconds([os.getpid()])
+    if before is None:
+        pytest.skip("no /proc on this platform")
+    stop = time.monotonic() + 0.5
+
+    def spin():
+        while time.monotonic() < stop:
+            pass
+
+    threads = [threading.Thread(target=spin) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after, cpu_after = activity_seconds([os.getpid()]), cpu_seconds([os.getpid()])
+    assert after[0] - before[0] >= (cpu_after - cpu_before) - 0.02  # clock ticks vs ns: 2 ticks of slack
+    assert after[0] - before[0] > 0.3
