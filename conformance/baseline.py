@@ -17,8 +17,16 @@ the first forward, unused parameters as zeros, micro-batches averaged) gets an o
 models exactly those rules.
 
 Each rank's gradient is computed with the same kernels and shapes the rank itself uses
-(one `autograd.grad` per shard) and summed across ranks last, so for world sizes 1 and 2
-the result is bitwise what a correct implementation produces.
+(one `autograd.grad` per shard) and kept apart: the cross-rank sum is an `Envelope`
+(`conformance.envelope`) of every summation order a backend may use, per element, so for world
+sizes 1 and 2 the result is bitwise what a correct implementation produces and at 3-4 ranks
+it is bitwise one of the orders. Low-precision sums get the bound derived from the ranks'
+contributions. Which rule applies is the scenario's tolerance (or the adapter's declared one).
+
+Two oracles come out of the same loop (see `conformance.anchor`, "re-anchored steps"):
+`compute_anchored` starts every step from the engine's own recorded state, so each step is
+judged on its own; `compute` trains straight through from the seeds (computed once per
+scenario), for the second, reported check.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ import torch
 from torch import Tensor
 
 from conformance import baseline_features
+from conformance.anchor import Anchor, load_params
 from conformance.baseline_events import Baseline, Expected, Grads, dense, load_buffers
+from conformance.envelope import reduce, reference, rule_of
 from conformance.models.data import build_model, loss_fn, make_inputs, make_optimizer
 from conformance.semantics import (
     TORCH_DDP,
@@ -41,7 +51,7 @@ from conformance.semantics import (
     Semantics,
     Unused,
 )
-from conformance.spec import Scenario
+from conformance.spec import EXACT, Scenario, Tolerance
 
 _THREADS_LOCK = threading.Lock()  # torch's thread count is process-global
 
@@ -66,16 +76,10 @@ def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return a + b
 
 
-def average(local: list[Grads], world_size: int) -> Grads:
-    """(1/W) * sum over ranks, each rank's share divided first (as DDP does), None if unused by all."""
-    out: Grads = {}
-    for name in local[0]:
-        total = None
-        for grads in local:
-            g = grads[name]
-            total = _add(total, None if g is None else g / world_size)
-        out[name] = total  # ranks that did not use the parameter contribute zeros
-    return out
+def average(local: list[Grads], world_size: int, rule: Tolerance = EXACT) -> dict:
+    """(1/W) * sum over ranks as the engine may compute it under `rule`: a tensor where the
+    result is order-free, else an `Envelope`; None if no rank used the parameter."""
+    return {name: reduce([grads[name] for grads in local], world_size, rule) for name in local[0]}
 
 
 @functools.lru_cache(maxsize=256)
@@ -85,6 +89,25 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
         if scenario.features:  # join, AMP, compile ...: conformance.baseline_features
             return baseline_features.compute(scenario, semantics)
         return _compute(scenario, semantics)
+
+
+def compute_anchored(scenario: Scenario, semantics: Semantics, records: dict[int, dict]) -> Baseline:
+    """The oracle re-anchored on the engine's own state at every step (`conformance.anchor`)."""
+    anchor = Anchor(records, scenario.world_size)
+    with _single_thread():
+        if scenario.features:
+            return baseline_features.compute(scenario, semantics, anchor=anchor)
+        return _compute(scenario, semantics, anchor)
+
+
+def oracles(scenario: Scenario, semantics: Semantics, records: dict[int, dict]) -> tuple[Baseline, Baseline]:
+    """(re-anchored, straight-through) oracles for one case. The straight-through one is only
+    computed where its check has a band of its own; elsewhere bitwise re-anchored steps imply it
+    and the re-anchored oracle stands in."""
+    anchored = compute_anchored(scenario, semantics, records)
+    rule = rule_of(scenario, semantics)
+    needed = rule.straight_through is not None or rule.kind in ("band", "norm")
+    return anchored, compute(scenario, semantics) if needed else anchored
 
 
 def _own_state(scenario: Scenario, rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -97,8 +120,9 @@ def _own_state(scenario: Scenario, rank: int) -> tuple[dict[str, Tensor], dict[s
             {n: b.detach().clone() for n, b in m.named_buffers()})
 
 
-def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
+def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -> Baseline:
     W = scenario.world_size
+    rule = rule_of(scenario, sem)
     torch.manual_seed(scenario.seed)
     model = build_model(
         scenario.model, scenario.kwargs(), seed=scenario.seed, rank=0,
@@ -131,6 +155,10 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
     carried: dict[str, Tensor | None] = {n: None for n, _ in named}
 
     for step in range(scenario.steps):
+        if anchor is not None and anchor.params_before(step) is not None:  # the engine's own state
+            load_params(model, anchor.params_before(step))
+            rank_buffers = list(anchor.buffers_before(step) or rank_buffers)
+            load_buffers(model, rank_buffers[0])
         local: list[Grads] = [dict(carried) for _ in range(W)]
         for micro in range(scenario.micro_batches):
             synced = micro == scenario.micro_batches - 1
@@ -162,7 +190,7 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
                 rank_buffers = after_forward
             load_buffers(model, rank_buffers[0])
             if synced:
-                avg = comm.reduce(local) if comm is not None else average(local, W)
+                avg = comm.reduce(local) if comm is not None else average(local, W, rule)
                 if sem.unused == Unused.ZEROS:
                     avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
                 baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
@@ -170,8 +198,10 @@ def _compute(scenario: Scenario, sem: Semantics) -> Baseline:
                 snapshot = [{n: dense(g) for n, g in grads.items()} for grads in local]
                 baseline.events.append(Expected("backward", step, micro, False, snapshot))
         if optimizer is not None:
+            # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
+            stepped = anchor.grads(step) if anchor is not None else None
             for name, p in named:
-                g = avg[name]
+                g = reference(avg[name]) if stepped is None else dense(stepped.get(name))
                 p.grad = None if g is None else g.clone()
             optimizer.step()
             set_to_none = scenario.zero_grad != "alternate" or step % 2 == 0

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from conformance.anchor import load_params
 from conformance.baseline_events import Baseline, Expected, dense, load_buffers
+from conformance.envelope import reduce, reference, rule_of
 from conformance.features import (
     Features,
     apply_requires_grad,
@@ -37,8 +39,10 @@ from conformance.semantics import TORCH_DDP, Buffers, ConstructionSync, Semantic
 from conformance.spec import Scenario
 
 
-def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
-    """The oracle under the declared `semantics`.
+def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -> Baseline:
+    """The oracle under the declared `semantics`; re-anchored on the engine's state with an
+    `anchor` (`conformance.anchor`), straight through without. Cross-rank sums are envelopes
+    under the rule `conformance.baseline.rule_of` gives (`conformance.envelope`).
 
     Modelled: unused parameters as zeros, construction sync at the first forward, buffers
     broadcast after backward, a lossy bound (judged by the contract), micro-batch accumulation
@@ -70,7 +74,13 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
         baseline.init_params_ranks = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in own]
         baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
 
+    rule = rule_of(scenario, semantics)
     for step in range(feats.total_steps(scenario)):
+        if anchor is not None and anchor.params_before(step) is not None:  # the engine's own state
+            load_params(model, anchor.params_before(step))
+            anchored_buffers = anchor.buffers_before(step)
+            if anchored_buffers is not None:
+                load_buffers(model, anchored_buffers[0])
         apply_requires_grad(model, feats, step)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
@@ -78,7 +88,7 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
         divisor = feats.divisor(W, step)
         start_buffers = buffers()
         rank0_buffers, after_forward = start_buffers, {}
-        total: dict[str, torch.Tensor | None] = {n: None for n, _ in named}
+        local: dict[str, list] = {n: [] for n, _ in named}  # every active rank's own gradient
         for rank in active:
             load_buffers(model, start_buffers)
             x = inputs(scenario, feats, rank=rank, step=step, micro=0, device=scenario.device)
@@ -88,13 +98,12 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
                 loss = scaler.scale(loss)
             grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
             for (name, _), g in zip(named, grads, strict=True):
-                if g is not None:
-                    share = dense(g) / divisor
-                    total[name] = share if total[name] is None else total[name] + share
+                local[name].append(dense(g))
             after_forward[rank] = buffers()
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
         load_buffers(model, rank0_buffers)
+        total = {n: reduce(local[n], divisor, rule) for n, _ in named}
         if semantics.unused == Unused.ZEROS:
             total = {n: torch.zeros_like(p) if total[n] is None else total[n] for n, p in named}
         if semantics.buffers == Buffers.AFTER_BACKWARD:  # rank 0's buffers broadcast after the synced backward
@@ -102,8 +111,11 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
         per_rank = [total if r in active else None for r in range(W)]
         baseline.events.append(Expected("backward", step, 0, True, per_rank))
         if opt is not None:
+            # Re-anchored: the optimizer (and scaler) step on the engine's own (judged) gradients.
+            stepped = anchor.grads(step) if anchor is not None else None
             for name, p in named:
-                p.grad = None if total[name] is None else total[name].clone()
+                g = reference(total[name]) if stepped is None else dense(stepped.get(name))
+                p.grad = None if g is None else g.clone()
             if feats.clip is not None:
                 if scaler is not None:
                     scaler.unscale_(opt)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from conformance.envelope import Envelope, ulp
 from conformance.spec import Tolerance
 
 
@@ -24,6 +25,10 @@ class Mismatch:
     worst_index: tuple[int, ...] | None = None
     expected_value: float | None = None
     actual_value: float | None = None
+    # How far outside the rule the worst element lies: absolute, and in ulps of the tensor's
+    # dtype at the expected value (for a band: beyond rtol*|expected| + atol).
+    outside: float | None = None
+    outside_ulps: float | None = None
 
     def render(self) -> str:
         line = f"{self.name}: {self.problem}"
@@ -32,6 +37,8 @@ class Mismatch:
                 f"; max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}, worst at index "
                 f"{list(self.worst_index)}: expected {self.expected_value!r}, actual {self.actual_value!r}"
             )
+        if self.outside is not None:
+            line += f"; {self.outside:.3g} outside the rule ({self.outside_ulps:.3g} ulps)"
         return line
 
 
@@ -49,6 +56,10 @@ def compare_tensor(name: str, expected: Tensor | None, actual: Tensor | None, to
         )
     if actual is None:
         return Mismatch(name, "expected a gradient but got None (was the parameter reduced?)")
+    if isinstance(expected, Envelope):
+        if not tol.exact:  # a band (the last resort) or a norm bound: around the rank-order value
+            return compare_tensor(name, expected.reference, actual, tol)
+        return _compare_envelope(name, expected, actual)
     if actual.dtype != expected.dtype:
         return Mismatch(name, f"dtype {actual.dtype} but expected {expected.dtype}")
     if actual.shape != expected.shape:
@@ -67,19 +78,44 @@ def compare_tensor(name: str, expected: Tensor | None, actual: Tensor | None, to
             return None
     ef, af = e.double(), a.double()
     diff = (af - ef).abs()
+    allowed = torch.zeros_like(diff) if tol.exact else tol.atol + tol.rtol * ef.abs()
+    return _mismatch(name, f"{int(bad.sum())} of {e.numel()} elements differ ({tol.describe()})",
+                     bad, ef, af, (diff - allowed).clamp_min(0.0), e)
+
+
+def _mismatch(name: str, problem: str, bad: Tensor, ef: Tensor, af: Tensor, outside: Tensor, like: Tensor) -> Mismatch:
+    """The worst failing element (the farthest outside the rule), with its expected and actual values."""
+    diff = (af - ef).abs()
     rel = diff / ef.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    masked = torch.where(bad, diff, torch.zeros_like(diff))
+    masked = torch.where(bad, outside.nan_to_num(float("inf")), torch.full_like(outside, -1.0))
     flat = int(masked.flatten().argmax()) if masked.numel() else 0
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape)) if e.dim() else ()
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), like.shape)) if like.dim() else ()
+    worst = float(outside.flatten()[flat]) if outside.numel() else 0.0
+    spacing = float(ulp(ef.to(like.dtype)).flatten()[flat]) if like.numel() else 1.0
     return Mismatch(
-        name,
-        f"{int(bad.sum())} of {e.numel()} elements differ ({tol.describe()})",
-        max_abs=float(masked.max()) if masked.numel() else 0.0,
+        name, problem,
+        max_abs=float(torch.where(bad, diff, torch.zeros_like(diff)).max()) if diff.numel() else 0.0,
         max_rel=float(torch.where(bad, rel, torch.zeros_like(rel)).max()) if rel.numel() else 0.0,
         worst_index=index,
-        expected_value=float(ef.flatten()[flat]) if e.numel() else None,
-        actual_value=float(af.flatten()[flat]) if a.numel() else None,
+        expected_value=float(ef.flatten()[flat]) if ef.numel() else None,
+        actual_value=float(af.flatten()[flat]) if af.numel() else None,
+        outside=worst, outside_ulps=worst / spacing,
     )
+
+
+def _compare_envelope(name: str, env: Envelope, actual: Tensor) -> Mismatch | None:
+    """Per element: in the envelope (equal to a summation order's result, or within the derived bound)."""
+    if actual.dtype != env.dtype:
+        return Mismatch(name, f"dtype {actual.dtype} but expected {env.dtype}")
+    if actual.shape != env.shape:
+        return Mismatch(name, f"shape {tuple(actual.shape)} but expected {tuple(env.shape)}")
+    a = actual.detach().to(env.reference.device)
+    bad = ~env.accepts(a)
+    if not bad.any():
+        return None
+    nearest, outside = env.nearest(a)
+    return _mismatch(name, f"{int(bad.sum())} of {a.numel()} elements outside the envelope ({env.rule}: {env.formula}); "
+                     "expected = the nearest accepted value", bad, nearest, a.double(), outside, a)
 
 
 def _compare_norm(name: str, e: Tensor, a: Tensor, tol: Tolerance) -> Mismatch | None:

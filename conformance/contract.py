@@ -12,8 +12,13 @@ from dataclasses import dataclass, field
 
 from conformance.baseline import Baseline
 from conformance.compare import EXACT_ACROSS_RANKS, ConformanceError, compare_dicts, failure_message
+from conformance.envelope import Envelope, rule_of
 from conformance.semantics import TORCH_DDP, Buffers, Semantics
-from conformance.spec import Expect, Scenario
+from conformance.spec import Expect, Scenario, Tolerance
+
+# Re-anchored, the expected parameters after a step are the same optimizer's on the engine's own
+# (already judged) gradients and parameters: the same elementwise kernels, so bitwise.
+EXACT_AFTER_STEP = Tolerance(True, reason="re-anchored: the same optimizer on the engine's own judged gradients")
 
 _BUFFER_RULES = {
     Buffers.BEFORE_FORWARD: "rank 0's buffers are broadcast before each forward",
@@ -40,14 +45,23 @@ def repro_command(scenario: Scenario, adapter: str) -> str:
 
 def check_records(
     scenario: Scenario, adapter: str, baseline: Baseline, records: dict[int, dict], *, semantics: Semantics = TORCH_DDP,
+    straight_through: Baseline | None = None,
 ) -> Checked:
     """Raise ConformanceError at the first violation; return a summary otherwise.
 
     `baseline` must have been computed under the same declared `semantics`; a declared lossy
-    bound replaces the scenario's tolerance against the oracle (ranks stay bitwise).
+    rule replaces the scenario's tolerance against the oracle (ranks stay bitwise). With a
+    `straight_through` oracle, `baseline` is the re-anchored one (`baseline.compute_anchored`):
+    every step is judged from the engine's own state, so parameters after a step and buffers are
+    bitwise (the same optimizer on the engine's judged gradients), and the straight-through
+    oracle is a second check under the rule's `straight_through` band, reported in
+    `details["oracle"]` and failing only beyond that band.
     """
-    tol = semantics.lossy or scenario.tolerance
-    buffer_rule = _BUFFER_RULES[semantics.buffers]
+    tol = rule_of(scenario, semantics)
+    anchored = straight_through is not None
+    # Re-anchored, a step's parameters and the buffers come from the same kernels on the same inputs.
+    exact_state = EXACT_AFTER_STEP if anchored else tol
+    buffer_tol = tol if tol.kind == "band" else exact_state
     repro = repro_command(scenario, adapter)
     count = 0
 
@@ -79,42 +93,23 @@ def check_records(
 
     # 2. Events, in training order.
     errors = {r: rec.get("error") for r, rec in records.items()}
-    lengths = {r: len(rec["events"]) for r, rec in records.items()}
-    for index, expected in enumerate(baseline.events):
-        present = [r for r in range(scenario.world_size) if index < lengths[r]]
-        if len(present) < scenario.world_size:
-            if scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and all(errors.values()) and not present:
-                break
-            absent = sorted(set(range(scenario.world_size)) - set(present))
-            why = "; ".join(f"rank {r}: {errors[r]['type']}: {errors[r]['message']}" for r in absent if errors.get(r))
-            raise ConformanceError(
-                f"[{scenario.id}] adapter {adapter}: rank(s) {absent} stopped before {expected.where()}"
-                + (f" ({why})" if why else "") + (f"\n  repro: {repro}")
-            )
-        for rank in present:
-            actual = records[rank]["events"][index]
-            if (actual["kind"], actual["step"]) != (expected.kind, expected.step):
-                raise ConformanceError(f"[{scenario.id}] rank {rank}: record out of order at {expected.where()}")
-            if expected.per_rank[rank] is None:
-                continue  # this rank takes no part here (join: it ran out of data)
-            what = "gradients differ from the oracle" if expected.kind == "backward" else "parameters differ from the oracle"
-            bad = compare_dicts(expected.per_rank[rank], actual["values"], tol)
-            count += 1
-            if bad:
-                fail(rank, expected.where(), what, bad)
-            wanted = expected.buffers[rank] if expected.buffers else None
-            if wanted is not None and scenario.buffer_rule == "rank0-broadcast":
-                bad = compare_dicts(wanted, actual["buffers"], tol)
-                if bad:
-                    fail(rank, expected.where(), f"buffers differ from the oracle (rule: {buffer_rule})", bad)
-        taking_part = [r for r in present if expected.per_rank[r] is not None]
-        if expected.synced and taking_part:
-            reference = records[taking_part[0]]["events"][index]["values"]
-            for rank in taking_part[1:]:
-                bad = compare_dicts(reference, records[rank]["events"][index]["values"], EXACT_ACROSS_RANKS)
-                count += 1
-                if bad:
-                    fail(rank, expected.where(), "not bitwise identical to rank 0", bad, EXACT_ACROSS_RANKS)
+    count += _judge_events(scenario, adapter, baseline, records, errors, repro, fail,
+                           tol, exact_state, buffer_tol, semantics, across_ranks=True)
+    details = {"oracle": _oracle_summary(baseline, tol, anchored)}
+    # 2b. The straight-through oracle: the second check (rounding compounds there; its own band).
+    if anchored:
+        band = tol.straight_through or (tol if tol.kind in ("band", "norm") else None)
+        if band is None:
+            details["oracle"]["straight_through"] = "implied: every step bitwise from the engine's own state"
+        else:
+            try:
+                _judge_events(scenario, adapter, straight_through, records, errors, repro,
+                              lambda *a: fail(*a[:4], band), band, band, band, semantics, across_ranks=False)
+            except ConformanceError as exc:
+                details["oracle"]["straight_through"] = f"beyond {band.describe()}"
+                raise ConformanceError(f"straight-through check (the oracle trained from the seeds, "
+                                       f"every step re-anchored check passed): {exc}") from None
+            details["oracle"]["straight_through"] = f"within {band.describe()}"
 
     # 3. Errors: accepted only where the scenario allows them, on every rank, matching.
     raised = {r: e for r, e in errors.items() if e}
@@ -133,5 +128,69 @@ def check_records(
             if not re.search(pattern, e["message"]):
                 raise ConformanceError(f"[{scenario.id}] rank {r} raised an error that does not match {pattern!r}: {e['message']}")
         first = raised[0]
-        return Checked(count, accepted_error=f"{first['type']} at step {first['step']}: {first['message'].splitlines()[0][:200]}")
-    return Checked(count)
+        return Checked(count, accepted_error=f"{first['type']} at step {first['step']}: {first['message'].splitlines()[0][:200]}",
+                       details=details)
+    return Checked(count, details=details)
+
+
+def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol, step_tol, buffer_tol, semantics,
+                  *, across_ranks: bool) -> int:
+    """Every expected event in training order, each rank against the oracle (and rank 0)."""
+    count = 0
+    buffer_rule = _BUFFER_RULES[semantics.buffers]
+    lengths = {r: len(rec["events"]) for r, rec in records.items()}
+    for index, expected in enumerate(baseline.events):
+        present = [r for r in range(scenario.world_size) if index < lengths[r]]
+        if len(present) < scenario.world_size:
+            if scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and all(errors.values()) and not present:
+                break
+            absent = sorted(set(range(scenario.world_size)) - set(present))
+            why = "; ".join(f"rank {r}: {errors[r]['type']}: {errors[r]['message']}" for r in absent if errors.get(r))
+            raise ConformanceError(
+                f"[{scenario.id}] adapter {adapter}: rank(s) {absent} stopped before {expected.where()}"
+                + (f" ({why})" if why else "") + (f"\n  repro: {repro}")
+            )
+        for rank in present:
+            actual = records[rank]["events"][index]
+            if (actual["kind"], actual["step"]) != (expected.kind, expected.step):
+                raise ConformanceError(f"[{scenario.id}] rank {rank}: record out of order at {expected.where()}")
+            if expected.per_rank[rank] is None:
+                continue  # this rank takes no part here (join: it ran out of data)
+            backward = expected.kind == "backward"
+            what = "gradients differ from the oracle" if backward else "parameters differ from the oracle"
+            this_tol = tol if backward else step_tol
+            bad = compare_dicts(expected.per_rank[rank], actual["values"], this_tol)
+            count += 1
+            if bad:
+                fail(rank, expected.where(), what, bad, this_tol)
+            wanted = expected.buffers[rank] if expected.buffers else None
+            if wanted is not None and scenario.buffer_rule == "rank0-broadcast":
+                bad = compare_dicts(wanted, actual["buffers"], buffer_tol)
+                if bad:
+                    fail(rank, expected.where(), f"buffers differ from the oracle (rule: {buffer_rule})", bad, buffer_tol)
+        taking_part = [r for r in present if expected.per_rank[r] is not None]
+        if across_ranks and expected.synced and taking_part:
+            reference = records[taking_part[0]]["events"][index]["values"]
+            for rank in taking_part[1:]:
+                bad = compare_dicts(reference, records[rank]["events"][index]["values"], EXACT_ACROSS_RANKS)
+                count += 1
+                if bad:
+                    fail(rank, expected.where(), "not bitwise identical to rank 0", bad, EXACT_ACROSS_RANKS)
+    return count
+
+
+def _oracle_summary(baseline: Baseline, tol: Tolerance, anchored: bool) -> dict:
+    """Which rule judged the case, and the widest envelope it used (for the report)."""
+    widest_abs = widest_ulps = 0.0
+    envelopes = 0
+    for event in baseline.events:
+        for values in event.per_rank:
+            for v in (values or {}).values():
+                if isinstance(v, Envelope):
+                    envelopes += 1
+                    a, u = v.spread()
+                    widest_abs, widest_ulps = max(widest_abs, a), max(widest_ulps, u)
+            break  # every rank expects the same envelope objects after a synced backward
+    return {"rule": tol.describe(), "kind": tol.kind, "reason": tol.reason,
+            "steps": "re-anchored on the engine's state" if anchored else "straight through",
+            "envelopes": envelopes, "largest_bound_abs": widest_abs, "largest_bound_ulps": widest_ulps}

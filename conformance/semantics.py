@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields, replace
 
-from conformance.spec import Tolerance
+from conformance.spec import Tolerance, derived_bound
 
 
 class Accumulation(str, enum.Enum):
@@ -60,6 +60,13 @@ class Unused(str, enum.Enum):
     ZEROS = "zeros"  # a zero tensor
 
 
+class Scaling(str, enum.Enum):
+    """Where a synced gradient's 1/W is applied (it decides the last bit unless W is a power of two)."""
+
+    PRE = "pre"  # torch DDP: every rank scales its share, then the shares are summed
+    POST = "post"  # the shares are summed, then the sum is scaled
+
+
 @dataclass(frozen=True)
 class Semantics:
     """One engine's answers. The defaults are torch DDP's; anything else is a declared deviation.
@@ -73,6 +80,7 @@ class Semantics:
     construction_sync: ConstructionSync = ConstructionSync.EAGER
     buffers: Buffers = Buffers.BEFORE_FORWARD
     unused: Unused = Unused.NONE
+    scaling: Scaling = Scaling.PRE
     lossy: Tolerance | None = None
     # Lossy communication the oracle simulates exactly (conformance.powersgd_oracle.PowerSGDConfig):
     # no bound, the algorithm itself, run over the ranks' gradients with the engine's state and seeds.
@@ -108,16 +116,18 @@ REDUCE_DTYPE_SOURCE = ("torch.nn.parallel.DistributedDataParallel(mixed_precisio
 
 
 def reduce_dtype_bound(dtype: str, world_size: int) -> Tolerance:
-    """The declared bound of gradients reduced in `dtype` (torch DDP's `mixed_precision.reduce_dtype`).
+    """The rule of gradients reduced in `dtype` (torch DDP's `mixed_precision.reduce_dtype`).
 
-    Each rank's share is rounded to `dtype` once and the low-precision sum rounds once per
-    added share: one `dtype` ulp per summand, two at two ranks (relative, and absolute for
-    values that cancel), over one step.
+    Each rank's share is cast to `dtype` and divided there (one rounding each), then summed in
+    `dtype` (W - 1 roundings): the bound derived per element from the shares
+    (`conformance.envelope`). The old band (one `dtype` ulp per summand) is the straight-through
+    check's.
     """
     ulps = max(2, world_size)
-    bound = ulps * _ULP[dtype]
-    return Tolerance(False, rtol=bound, atol=bound,
-                     reason=f"mixed_precision reduce_dtype={dtype}: {ulps} {dtype} ulps ({world_size} summands), one step")
+    band = Tolerance(False, rtol=ulps * _ULP[dtype], atol=ulps * _ULP[dtype],
+                     reason=f"mixed_precision reduce_dtype={dtype}: {ulps} {dtype} ulps ({world_size} summands)")
+    return derived_bound(dtype, world_size, casts=1, straight_through=band,
+                         reason=f"mixed_precision reduce_dtype={dtype}: shares cast to {dtype}, divided and summed there")
 
 
 def with_reduce_dtype(semantics: Semantics, scenario) -> Semantics:

@@ -57,10 +57,21 @@ class Expect(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How close an actual tensor must be to the oracle's.
+    """How the oracle's value and an implementation's are compared, and which rule applies.
 
-    `exact=True` requires bitwise equality; scenarios only ask for it when their data make
-    fp32 sums exact (small integers, dyadic values, power-of-two world sizes).
+    Rules (DESIGN.md, "How the oracle judges"; `conformance.envelope` builds them per element):
+    - "bitwise": equal to the oracle's value (small-integer or dyadic data, at most 2 ranks:
+      the cross-rank sum is order-free);
+    - "summation-order": bitwise to the result of one summation order of the ranks' own
+      contributions (every order for W <= 4; ring orders plus a derived bound beyond);
+    - "derived-bound": |ŝ - s| <= γ_m·Σ|x_i| from the contributions, for sums rounded in
+      `sum_dtype` after `roundings` declared casts per term;
+    - a band (`exact=False`: rtol/atol, or a whole-tensor `norm_rtol`): the last resort, only
+      where no bound can be derived (`float_tolerance`; each use names why in `reason`).
+    `divide` says where the 1/W may happen ("pre": every share, torch DDP; "post": after the
+    sum; "split": FSDP's pre/post factors). `straight_through` is the band of the second,
+    reported check (training straight through, where rounding compounds across steps); None
+    where the re-anchored steps are bitwise (then straight-through equality follows).
     """
 
     exact: bool = True
@@ -70,29 +81,77 @@ class Tolerance:
     # A bound on the whole tensor instead of element-wise (lossy communication, e.g. PowerSGD):
     # ||actual - expected|| <= norm_rtol * ||expected|| + atol * sqrt(numel).
     norm_rtol: float | None = None
+    rule: str = "bitwise"  # with exact=True: "bitwise" | "summation-order" | "derived-bound"
+    sum_dtype: str | None = None  # derived-bound: the dtype the sum is rounded in (None: the tensor's)
+    roundings: int = 0  # derived-bound: declared casts per term before the sum
+    divide: tuple[str, ...] = ("pre",)
+    straight_through: Tolerance | None = None
+
+    @property
+    def kind(self) -> str:
+        """bitwise | summation-order | derived-bound | band | norm."""
+        if not self.exact:
+            return "norm" if self.norm_rtol is not None else "band"
+        return self.rule
 
     def describe(self) -> str:
-        if self.exact:
-            return "bitwise"
-        if self.norm_rtol is not None:
-            return f"||error|| <= {self.norm_rtol:g}*||expected|| + {self.atol:g}*sqrt(n)"
-        return f"rtol={self.rtol:g} atol={self.atol:g}"
+        kind = self.kind
+        if kind == "norm":
+            text = f"||error|| <= {self.norm_rtol:g}*||expected|| + {self.atol:g}*sqrt(n)"
+        elif kind == "band":
+            text = f"band rtol={self.rtol:g} atol={self.atol:g} (no bound derived)"
+        elif kind == "summation-order":
+            text = "bitwise to a summation order"
+        elif kind == "derived-bound":
+            casts = f", {self.roundings} cast(s) per term" if self.roundings else ""
+            text = f"derived bound |ŝ-s| <= γ_m·Σ|x_i|, γ_m = m·u/(1-m·u), u of {self.sum_dtype or 'the dtype'}{casts}"
+        else:
+            text = "bitwise"
+        if self.divide != ("pre",):
+            text += f" (1/W: {'/'.join(self.divide)})"
+        if self.straight_through is not None:
+            text += f"; straight through: {self.straight_through.describe()}"
+        return text
 
 
 EXACT = Tolerance()
 
 
 def float_tolerance(dtype: str, summands: int = 1, reason: str = "") -> Tolerance:
-    """A per-dtype tolerance scaled for the number of summands in a reduction.
+    """A blanket per-dtype band scaled for the number of summands: the last resort.
 
-    Rounding error of a sum of n terms grows at most like n * eps; we allow 8 * n * eps
-    relative error (4x headroom over the worst case of a pairwise sum) and the same in
-    absolute terms for values near zero.
+    Only where no bound can be derived (torch.compile's reordered kernels, distributed
+    autograd's accumulation order, the straight-through check's compounding across steps).
+    Rounding error of a sum of n terms grows at most like n * eps; it allows 16 * n * eps
+    relative error and 8x that in absolute terms for values near zero.
     """
     eps = {"float32": 2.0**-23, "float64": 2.0**-52, "float16": 2.0**-10, "bfloat16": 2.0**-7}[dtype]
     scale = 16 * max(1, summands) * eps
     # atol covers elements that cancel to near zero; the zoo's values are O(1..10).
     return Tolerance(False, rtol=scale, atol=8 * scale, reason=reason or f"{dtype}, sums of {summands} ranks in another order")
+
+
+def summation_order(dtype: str, world_size: int, reason: str = "", divide: tuple[str, ...] = ("pre",)) -> Tolerance:
+    """Full-precision cross-rank sums: bitwise to one summation order of the ranks' contributions.
+
+    At most two ranks the sum is order-free: "bitwise". The straight-through check keeps the
+    summand-scaled band (rounding compounds across steps there; no bound is derived for it).
+    """
+    if world_size <= 2 and divide == ("pre",):
+        return Tolerance(True, reason=reason or "exact: the sum of at most two shares is order-free")
+    return Tolerance(True, rule="summation-order", divide=divide,
+                     reason=reason or f"{dtype}: sums of {world_size} ranks in an order the backend picks",
+                     straight_through=float_tolerance(dtype, world_size, f"{dtype}: rounding compounds over steps"))
+
+
+def derived_bound(sum_dtype: str, world_size: int, casts: int = 0, reason: str = "",
+                  straight_through: Tolerance | None = None, divide: tuple[str, ...] = ("pre",)) -> Tolerance:
+    """A sum rounded in `sum_dtype` (low-precision parameters, a declared reduce_dtype, a
+    compression hook), `casts` roundings per term before it: the bound derived per element."""
+    return Tolerance(True, rule="derived-bound", sum_dtype=sum_dtype, roundings=casts, divide=divide,
+                     reason=reason or f"sums of {world_size} ranks rounded in {sum_dtype}",
+                     straight_through=straight_through or float_tolerance(
+                         sum_dtype, world_size, f"{sum_dtype}: rounding compounds over steps"))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ size does not divide, so a shard carries padding.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from conformance.catalogue import ddp
 from conformance.spec import Capability as C
 from conformance.spec import Scenario
@@ -95,5 +97,9 @@ def scenarios() -> list[Scenario]:
             s = s.with_(profiles=s.profiles - {"quick"})
         elif s.id in QUICK_IDS:
             s = s.with_(profiles=s.profiles | {"quick"})
+        if s.tolerance.kind in ("summation-order", "derived-bound"):
+            # Sharded engines place the 1/W differently: each share (refimpl), after the sum, or
+            # FSDP's gradient pre-/post-divide factors: the envelope is the union (conformance.envelope).
+            s = s.with_(tolerance=replace(s.tolerance, divide=("pre", "post", "split")))
         out.append(s.with_(clauses=clauses_of(s)))
     return out

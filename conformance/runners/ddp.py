@@ -110,9 +110,9 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]):
     from conformance.semantics import declared
 
     semantics = declared(registry.load(adapter_spec), scenario)
-    checked = contract.check_records(
-        scenario, adapter_spec, baseline.compute(scenario, semantics), records, semantics=semantics,
-    )
+    anchored, straight = baseline.oracles(scenario, semantics, records)
+    checked = contract.check_records(scenario, adapter_spec, anchored, records, semantics=semantics,
+                                     straight_through=straight)
     # Every declared deviation from torch DDP's rules travels with the verdict into the report.
     checked.details.update(declared=semantics.deviations(), declared_sources=list(semantics.sources))
     if scenario.features:

@@ -1,0 +1,279 @@
+"""What a cross-rank (or cross-replica) sum may be, per element: the summation-order envelope.
+
+[Note: why an envelope, not a band]
+Floating-point addition is commutative but not associative: `(a + b) + c` and `a + (b + c)`
+may differ in the last bit. Two ranks' shares have one sum, so a correct engine is bitwise
+equal to the oracle; with three or more the backend's order (ring chunks, trees, halving-
+doubling) decides the last bits. A blanket relative band covering that also covers an engine
+that reduces in the wrong dtype or scales a gradient by 0.99. Instead the oracle keeps every
+rank's own contribution (computed with the kernels the rank uses) and derives, per element:
+
+- **summation-order** (W <= 4): the result of every summation tree over the contributions
+  (1, 1, 3 and 15 distinct trees for 1-4 terms: every order and every parenthesization, so
+  ring, tree and halving-doubling orders are all in it). A value is accepted if it *equals*
+  one of them: "bitwise to a summation order". Beyond 4 terms: the ring orders (every
+  rotation, both directions) plus the derived bound below.
+- **derived-bound** (a sum rounded in a lower precision: bf16/fp16 parameters, a declared
+  `reduce_dtype`, compression hooks): |ŝ - s| <= γ_m·Σ|x_i| + m·n·η, with s the exact sum of
+  the contributions x_i, γ_m = m·u/(1 - m·u), u the unit roundoff of the dtype the sum is
+  rounded in, m = (declared roundings per term: casts, a low-precision divide) + (n - 1)
+  additions, and η half its smallest subnormal (underflow). The textbook bound of recursive
+  summation (Higham, Accuracy and Stability, 2nd ed., §4.2) holds for *every* order, so no
+  order needs enumerating.
+
+Where the 1/W happens is part of the model (`Tolerance.divide`): "pre" (every rank scales its
+share first, by dividing or by multiplying with fl(1/W): torch DDP does either, see
+`_variants`), "post" (sum, then divide) and "split" (FSDP's gradient pre-/post-divide
+factors). The envelope is the union over the declared placements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+import torch
+from torch import Tensor
+
+UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+# Half the smallest subnormal: the absolute error of one rounding into the underflow range.
+UNDERFLOW = {"float64": 2.0**-1075, "float32": 2.0**-150, "bfloat16": 2.0**-134, "float16": 2.0**-25}
+MAX_ENUMERATED = 4  # up to this many terms every summation tree is enumerated
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def gamma(m: int, u: float) -> float:
+    """γ_m = m·u / (1 - m·u): the relative error bound of m roundings (Higham, Lemma 3.1)."""
+    return m * u / (1 - m * u) if m > 0 else 0.0
+
+
+def fsdp_predivide(world_size: int) -> float:
+    """FSDP's gradient pre-divide factor (torch.distributed.fsdp `_get_gradient_predivide_factor`)."""
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    return float(factor)
+
+
+def summation_trees(terms: list[Tensor]) -> list[Tensor]:
+    """The result of every summation tree over `terms` (commutativity is bitwise, so unordered splits)."""
+    memo: dict[tuple[int, ...], list[Tensor]] = {}
+
+    def trees(idx: tuple[int, ...]) -> list[Tensor]:
+        if len(idx) == 1:
+            return [terms[idx[0]]]
+        if idx in memo:
+            return memo[idx]
+        first, rest, out = idx[0], idx[1:], []
+        for k in range(len(rest)):
+            for joined in combinations(rest, k):
+                left = (first, *joined)
+                right = tuple(i for i in rest if i not in joined)
+                out.extend(x + y for x in trees(left) for y in trees(right))
+        memo[idx] = out
+        return out
+
+    return trees(tuple(range(len(terms))))
+
+
+def ring_orders(terms: list[Tensor]) -> list[Tensor]:
+    """Sequential sums starting at every rank, around the ring in both directions."""
+    n, out = len(terms), []
+    for start in range(n):
+        for step in (1, -1):
+            total = terms[start]
+            for k in range(1, n):
+                total = total + terms[(start + step * k) % n]
+            out.append(total)
+    return out
+
+
+def sequential(terms: list[Tensor]) -> Tensor:
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+@dataclass
+class Envelope:
+    """Per element, the values a correct engine may hold for one reduced tensor.
+
+    `reference` is the rank-order sum of pre-divided shares (the value the oracle used before
+    envelopes, and what the straight-through check compares with). Accepted: equal to one of
+    `candidates` (stacked on dim 0), or within `radius` of `center` (float64) where a bound is
+    derived.
+    """
+
+    reference: Tensor
+    rule: str  # "summation-order" | "derived-bound"
+    formula: str
+    candidates: Tensor | None = None
+    center: Tensor | None = None
+    radius: Tensor | None = None
+
+    # Tensor-like surface used by the comparison (dtype and shape checks) and by reports.
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.reference.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.reference.shape
+
+    def numel(self) -> int:
+        return self.reference.numel()
+
+    def accepts(self, actual: Tensor) -> Tensor:
+        """A bool tensor: which elements of `actual` lie in the envelope (NaN only where an order gives NaN)."""
+        a = actual.detach().to(self.reference.device)
+        ok = torch.zeros(a.shape, dtype=torch.bool, device=a.device)
+        if self.candidates is not None:
+            c = self.candidates
+            ok |= (c == a).any(0) | (c.isnan() & a.isnan()).any(0)
+        if self.center is not None:
+            finite = torch.isfinite(self.center) & torch.isfinite(self.radius)
+            inside = (a.double() - self.center).abs() <= self.radius
+            same = (a == self.reference) | (a.isnan() & self.reference.isnan())
+            ok |= torch.where(finite, inside, same)
+        return ok
+
+    def nearest(self, actual: Tensor) -> tuple[Tensor, Tensor]:
+        """(nearest accepted value, distance outside the envelope) per element, float64; 0 inside."""
+        a = actual.detach().to(self.reference.device).double()
+        best = torch.full_like(a, math.inf)
+        value = self.reference.double().clone()
+        if self.candidates is not None:
+            d = (self.candidates.double() - a).abs().nan_to_num(math.inf)
+            dmin, arg = d.min(0)
+            best, value = dmin, self.candidates.double().gather(0, arg.unsqueeze(0)).squeeze(0)
+        if self.center is not None:
+            lo, hi = self.center - self.radius, self.center + self.radius
+            clamped = torch.minimum(torch.maximum(a, lo), hi)
+            d = (a - clamped).abs().nan_to_num(math.inf)
+            closer = d < best
+            best, value = torch.where(closer, d, best), torch.where(closer, clamped, value)
+        best = torch.where(self.accepts(actual), torch.zeros_like(best), best)
+        return value, best
+
+    def spread(self) -> tuple[float, float]:
+        """The widest element of the envelope: (absolute width, width in ulps of the reference's dtype)."""
+        widths = []
+        if self.candidates is not None:
+            c = self.candidates.double()
+            widths.append((c.max(0).values - c.min(0).values).nan_to_num(0.0))
+        if self.radius is not None:
+            widths.append((2 * self.radius).nan_to_num(0.0, posinf=0.0))
+        if not widths or self.reference.numel() == 0:
+            return 0.0, 0.0
+        w = torch.stack(widths).max(0).values
+        ulps = w / ulp(self.reference)
+        return float(w.max()), float(ulps.max())
+
+
+def reference(value):
+    """The rank-order value of an expected entry (an Envelope's reference; a tensor or None as is)."""
+    return value.reference if isinstance(value, Envelope) else value
+
+
+def rule_of(scenario, semantics):
+    """The rule cross-rank sums are judged by: the adapter's declared lossy rule, else the
+    scenario's; with the adapter's declared placement of 1/W (`Semantics.scaling`) where no comm
+    hook takes the averaging over."""
+    tol = getattr(semantics, "lossy", None) or scenario.tolerance
+    scaling = getattr(getattr(semantics, "scaling", None), "value", "pre")
+    if scaling != "pre" and tol.exact and not scenario.options.comm_hook:
+        tol = replace(tol, divide=(scaling,))
+    return tol
+
+
+def ulp(t: Tensor) -> Tensor:
+    """The spacing of `t`'s dtype at each element's magnitude, float64 (never 0)."""
+    a = t.detach().abs()
+    up = torch.nextafter(a, torch.full_like(a, math.inf))
+    return (up.double() - a.double()).clamp_min(torch.finfo(t.dtype).tiny)
+
+
+def _variants(grads: list[Tensor], divisor: int, where: str) -> list[tuple[list[Tensor], tuple[str, float] | None]]:
+    """(shares as the ranks send them, what divides the sum afterwards) for one placement of 1/W.
+
+    "pre" has two forms in torch itself: the DDP reducer multiplies each gradient by fl(1/W)
+    while copying it into the bucket (reducer.cpp, `mul_out` with `1. / div_factor_`), its
+    allreduce comm hook divides the bucket by W (`div_`). They differ in the last bit unless W
+    is a power of two. "split" is FSDP's pre-divide factor, then the rest after the sum.
+    """
+    if where == "pre":
+        out = [([g / divisor for g in grads], None)]
+        if divisor & (divisor - 1):  # not a power of two: the reciprocal rounds
+            out.append(([g * (1.0 / divisor) for g in grads], None))
+        return out
+    if where == "split":
+        pre = fsdp_predivide(divisor)
+        post = divisor / pre
+        return [([g / pre for g in grads], None if post == 1 else ("div", post))]
+    out = [(list(grads), ("div", float(divisor)))]  # "post": sum, then divide by W or multiply by fl(1/W)
+    if divisor & (divisor - 1):
+        out.append((list(grads), ("mul", 1.0 / divisor)))
+    return out
+
+
+def reduce(grads: list[Tensor | None], divisor: int, tol) -> Tensor | Envelope | None:
+    """(1/divisor)·Σ grads as the engine may compute it, under the rule `tol` (a `Tolerance`).
+
+    None entries (a rank that did not use the parameter contributes zeros) are left out: adding
+    an exact zero never changes a sum. A plain tensor comes back wherever the result is
+    order-free (one or two terms, or every order agreeing): it is then judged bitwise.
+    """
+    grads = [g for g in grads if g is not None]
+    if not grads:
+        return None
+    shares = [g / divisor for g in grads]
+    reference = sequential(shares)
+    rule = tol.kind
+    if rule in ("band", "norm"):
+        return reference
+    if rule == "derived-bound":
+        return _bound(grads, shares, reference, divisor, tol)
+    n = len(grads)
+    sums = []
+    for where in tol.divide:
+        for terms, after in _variants(grads, divisor, where):
+            found = summation_trees(terms) if n <= MAX_ENUMERATED else ring_orders(terms)
+            if after is not None:
+                found = [t / after[1] if after[0] == "div" else t * after[1] for t in found]
+            sums.extend(found)
+    candidates = torch.stack([reference, *sums])
+    if n <= MAX_ENUMERATED and bool(((candidates == reference) | (candidates.isnan() & reference.isnan())).all()):
+        return reference  # every order agrees: bitwise
+    places = "/".join(tol.divide)
+    if n <= MAX_ENUMERATED:
+        trees = len(summation_trees(list(range(n))))
+        formula = f"bitwise to one of the {trees} summation trees of {n} shares (1/W: {places}; {len(sums)} candidates)"
+        return Envelope(reference, "summation-order", formula, candidates=candidates)
+    env = _bound(grads, shares, reference, divisor, tol)
+    env.rule, env.candidates = "summation-order", candidates
+    env.formula = f"bitwise to a ring order of {n} shares, or {env.formula}"
+    return env
+
+
+def _bound(grads, shares, reference, divisor, tol) -> Envelope:
+    """|ŝ - s| <= γ_m·Σ|x_i| + m·n·η around the exact sum s of the exact shares."""
+    n = len(grads)
+    sum_dtype = tol.sum_dtype or dtype_name(reference.dtype)
+    u, eta = UNIT_ROUNDOFF[sum_dtype], UNDERFLOW[sum_dtype]
+    # The exact quotients g_i/W, each with its roundings before the sum: the declared casts, the
+    # scaling by 1/W (none for a power of two; two for a multiplication by a rounded fl(1/W)),
+    # and one more where the division may come after the sum.
+    exact = [g.double() / divisor for g in grads]
+    scaling = 0 if divisor & (divisor - 1) == 0 else 2
+    m = tol.roundings + scaling + (n - 1) + (0 if tuple(tol.divide) == ("pre",) else 1)
+    center = sequential(exact)
+    magnitude = sequential([x.abs() for x in exact])
+    slack = 4 * n * 2.0**-53  # the float64 centre's own rounding
+    radius = (gamma(m, u) + slack) * magnitude + m * n * eta
+    formula = f"|ŝ-s| <= γ_{m}·Σ|x_i| + {m}·{n}·η, γ_{m} = {m}u/(1-{m}u), u = 2^{int(math.log2(u))} ({sum_dtype})"
+    return Envelope(reference, "derived-bound", formula, center=center, radius=radius)
