@@ -166,6 +166,8 @@ def pytest_runtest_makereport(item, call):
     result = session.running.pop(item.nodeid, None)
     if result is None:  # never reached the pipeline: skipped at collection, or pytest itself failed it
         result = _outside_pipeline(case, report, call)
+        if session.recorder is not None and result.verdict == "skipped":
+            session.recorder.add(result)  # so `gradparity compare` can tell "skipped" from "not in this run"
     if result.verdict == "error":
         # Not the implementation's failure: an `error` (pytest's word for a broken setup).
         report.outcome, report.when = "failed", "setup"

@@ -74,6 +74,24 @@ def test_a_case_round_trips_in_training_order_with_digests(tmp_path):
     assert list(back.cases) == ["torch-ddp|ddp/fake/mlp/w2/fp32"] and back.provenance["torch"] == torch.__version__
 
 
+def test_packing_keeps_every_dtype_shape_and_none():
+    from conformance.recording import pack, unpack
+
+    values = [torch.tensor(True), torch.arange(3, dtype=torch.float16), torch.randn(2, 3), torch.ones(5, dtype=torch.bfloat16),
+              torch.arange(4, dtype=torch.int64).reshape(2, 2), torch.randn(1, dtype=torch.float64), torch.empty(0, 3)]
+    tensors = {digest(t): t for t in values}  # odd byte offsets between them: the unpacked views must still line up
+    entries = [{"point": "step", "step": i, "micro": None, "kind": "param", "name": f"p{i}", "rank": 0, "digest": d,
+                "rule": 0} for i, d in enumerate(tensors)]
+    entries.append({"point": "init", "step": None, "micro": 2, "kind": "grad", "name": "unused", "rank": 1,
+                    "digest": "none", "rule": 1})
+    back_entries, back = unpack(pack(entries, tensors))
+    assert list(back) == list(tensors)
+    for d, t in tensors.items():
+        assert back[d].dtype == t.dtype and back[d].shape == t.shape and torch.equal(back[d], t)
+    assert [{k: e[k] for k in entries[0]} for e in back_entries] == entries
+    assert back_entries[-1]["dtype"] is None and back_entries[0]["shape"] == []
+
+
 def test_digest_is_bitwise():
     assert digest(torch.tensor([0.0])) != digest(torch.tensor([-0.0]))
     assert digest(torch.tensor([1.0])) != digest(torch.tensor([1.0], dtype=torch.float64))
