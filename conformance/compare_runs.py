@@ -169,19 +169,18 @@ def compare_case(b: dict, n: dict) -> dict:
         p = points.setdefault(k[:3], {"label": point_label(*k[:3]), "step": k[1], "tensors": 0, "differing": 0,
                                       "max_ulps": 0.0, "max_rel": 0.0, "status": "bitwise"})
         p["tensors"] += 1
-        if d["status"] != "bitwise":
+        if d["status"] != "bitwise":  # ulps and relative terms only where both sides hold comparable values
             p["differing"] += 1
-            p["max_ulps"] = _num(max(_val(p["max_ulps"]), _val(d.get("max_ulps", "inf"))))
-            p["max_rel"] = _num(max(_val(p["max_rel"]), _val(d.get("max_rel", "inf"))))
+            p["max_ulps"] = _num(max(_val(p["max_ulps"]), _val(d.get("max_ulps"))))
+            p["max_rel"] = _num(max(_val(p["max_rel"]), _val(d.get("max_rel"))))
             p["status"] = max(p["status"], d["status"], key=RANK.get)
             row = {"tensor": tensor_label(k), "point": p["label"], "kind": k[3], "name": k[4], "rank": k[5]} | d
             tensors.append(row)
             first = first or row
-    worst = max((t for t in tensors), key=lambda t: _val(t.get("max_ulps", "inf")), default=None)
     status = "beyond" if counts["beyond"] else "within" if counts["within"] else "bitwise"
     return {"status": status, "counts": counts, "first": first, "points": list(points.values()),
-            "max_ulps": worst.get("max_ulps", "inf") if worst else 0.0,
-            "max_rel": _num(max((_val(t.get("max_rel", "inf")) for t in tensors), default=0.0)),
+            "max_ulps": _num(max((_val(t.get("max_ulps")) for t in tensors), default=0.0)),
+            "max_rel": _num(max((_val(t.get("max_rel")) for t in tensors), default=0.0)),
             "tensors": tensors[:200], "more_tensors": max(0, len(tensors) - 200),
             "verdicts": [b["verdict"], n["verdict"]], "rules": [r.get("describe") for r in b["rules"][:1]]}
 
@@ -271,8 +270,12 @@ def render_text(doc: dict, tolerance: str) -> list[str]:
                  f"rule, {sm['beyond']} beyond it):")
     width = max(len(c["case"]) for c in doc["cases"])
     for c in sorted(doc["cases"], key=lambda c: -RANK[c["status"]]):
-        where = f"parts at {c['first']['point']}, {c['first']['kind']} {c['first']['name']}" if c["first"] else ""
-        nums = f"; max {_fmt(c['max_ulps'])} ulps, rel {_fmt(c['max_rel'])}" if c["first"] else ""
+        f = c["first"]
+        where = f"parts at {f['point']}, {f['kind']} {f['name']}" if f else ""
+        if f and f.get("max_ulps") is None:  # no values to weigh: say why (one side only, None, another shape)
+            where += f" ({f['why']})"
+        weighed = any(t.get("max_ulps") is not None for t in c["tensors"])
+        nums = f"; max {_fmt(c['max_ulps'])} ulps, rel {_fmt(c['max_rel'])}" if weighed else ""
         verdicts = "" if c["verdicts"][0] == c["verdicts"][1] else f"; verdict {c['verdicts'][0]} -> {c['verdicts'][1]}"
         lines.append(f"  {c['status']:7}  {c['case']:{width}}  {where}{nums}{verdicts}")
     for key, what in (("only_base", "recorded in BASE only"), ("only_new", "recorded in NEW only")):

@@ -105,7 +105,9 @@ def test_a_run_that_stopped_early_is_beyond_and_one_sided_cases_are_listed(tmp_p
     doc = compare(base, new)
     assert doc["only_base"] == ["refimpl-ddp|ddp/fake/mlp/w2/fp32"] and doc["only_new"] == []
     assert doc["cases"][0]["status"] == "beyond" and doc["first"]["why"] == "recorded in BASE only"
+    assert doc["cases"][0]["max_ulps"] == 0.0  # nothing to weigh: no ulps made up for a missing tensor
     assert exit_status(doc, "oracle") == 1
+    assert "parts at step 0 step, param w (recorded in BASE only)" in "\n".join(render_text(doc, "oracle"))
 
 
 def test_two_adapters_of_one_recording_pair_by_scenario(tmp_path):
