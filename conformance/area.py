@@ -1,8 +1,11 @@
 """An `Area` is one contract the suite checks, defined in one place; `AREAS` is the registry.
 
-Everything that needs to know the areas — the scenario catalogue, `Scenario`'s validation, the
-CLI's choices, the zoo, the torchrun launcher and the reports — derives them from `AREAS`, so
-adding an area means adding one entry here (and its catalogue, rank task and judge modules).
+The layers (docs/design.md, "Layers"): the area *names* are vocabulary, `conformance.spec.AREA_NAMES`
+(`Scenario` checks its area against them); the catalogue lists its own area modules
+(`conformance.catalogue.SCENARIOS`); this registry sits above both and the runners, and the CLI's
+choices, the plan, the zoo, the torchrun launcher and the reports read it. Adding an area: its
+name in `AREA_NAMES`, its catalogue module in `catalogue.SCENARIOS`, its rank task and judge in
+`conformance/runners/`, and one entry here.
 
 An area's pieces are functions, not "module:attr" strings:
 
