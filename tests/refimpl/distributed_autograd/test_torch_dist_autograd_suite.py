@@ -13,16 +13,18 @@ failure class issue 16 found, plus the core backward tests); ``GRADPARITY_TORCH_
 runs all 96.
 
 refimpl is swapped in for the names the tests call: the test module's ``dist_autograd``
-(``context``, ``backward``, ``get_gradients``, ``_retrieve_context``, ``_current_context``,
-``_get_debug_info``) and its ``rpc`` (``rpc_sync``, ``rpc_async``, ``remote``); torch's own
-``RRef.to_here()`` records through refimpl once ``refimpl.distributed_autograd`` is imported.
-Everything else (the agent, RRefs, the harness) stays torch's.
+(``DIST_AUTOGRAD_NAMES``: ``context``, ``backward``, ``get_gradients`` and torch's private
+``_retrieve_context``, ``_current_context``, ``_get_debug_info``, ``_new_context``,
+``_release_context``, ``_get_max_id``) and its ``rpc`` (``rpc_sync``, ``rpc_async``,
+``remote``); torch's own ``RRef.to_here()`` records through refimpl once
+``refimpl.distributed_autograd`` is imported. Everything else (the agent, RRefs, the harness)
+stays torch's. Any other private name a test reads raises instead of reaching torch's engine.
 
 ``GRADPARITY_DIST_AUTOGRAD_ENGINE=torch`` runs the same classes against torch itself (nothing
 swapped, nothing excluded): the baseline every refimpl result is measured against.
 
-Not run against refimpl, each named with its reason in ``TORCH_INTERNALS`` (the test reads
-state only torch's C++ engine has) and ``DELIBERATE`` (refimpl differs on purpose).
+Not run against refimpl: the tests in ``DELIBERATE`` (refimpl differs on purpose), each with
+its reason.
 """
 
 from __future__ import annotations
@@ -63,49 +65,6 @@ if ENGINE not in ("refimpl", "torch"):
 
 pytestmark = pytest.mark.slow
 
-# Tests that read state only torch's C++ engine keeps: test name -> the internal it reads.
-# (refimpl offers, under torch's names, ``_current_context()`` with ``_context_id()`` and
-# ``_known_worker_ids()``, ``_retrieve_context`` and ``_get_debug_info``; tests reading only
-# those run.)
-_GRAPH = (
-    "context._send_functions() / _recv_functions() and the C++ node names "
-    "torch::distributed::autograd::SendRpcBackward / RecvRpcBackward"
-)
-_SEND_RECV = "context._send_functions() / _recv_functions() (must be empty)"
-TORCH_INTERNALS: dict[str, str] = {
-    "test_graph_for_builtin_call": _GRAPH,
-    "test_graph_for_builtin_call_sparse": _GRAPH,
-    "test_graph_for_builtin_remote_call": _GRAPH,
-    "test_graph_for_builtin_remote_call_sparse": _GRAPH,
-    "test_graph_for_py_nested_call": _GRAPH,
-    "test_graph_for_py_nested_call_sparse": _GRAPH,
-    "test_graph_for_py_nested_call_itself": _GRAPH,
-    "test_graph_for_py_nested_call_itself_sparse": _GRAPH,
-    "test_graph_for_py_nested_remote_call": _GRAPH,
-    "test_graph_for_py_nested_remote_call_sparse": _GRAPH,
-    "test_graph_for_py_nested_remote_call_itself": _GRAPH,
-    "test_graph_for_py_nested_remote_call_itself_sparse": _GRAPH,
-    "test_graph_for_python_call": _GRAPH,
-    "test_graph_for_python_call_sparse": _GRAPH,
-    "test_graph_for_python_remote_call": _GRAPH,
-    "test_graph_for_python_remote_call_sparse": _GRAPH,
-    "test_no_graph_with_tensors_not_require_grad": _SEND_RECV,
-    "test_no_graph_with_tensors_not_require_grad_sparse": _SEND_RECV,
-    "test_no_graph_with_tensors_not_require_grad_remote": _SEND_RECV,
-    "test_no_graph_with_tensors_not_require_grad_remote_sparse": _SEND_RECV,
-    "test_rpc_complex_args": "context._send_functions() (the SendRpcBackward nodes and their count)",
-    "test_rpc_complex_args_sparse": "context._send_functions() (the SendRpcBackward nodes and their count)",
-    "test_remote_complex_args": "context._send_functions() (the SendRpcBackward nodes and their count)",
-    "test_remote_complex_args_sparse": "context._send_functions() (the SendRpcBackward nodes and their count)",
-    "test_autograd_context": "dist_autograd._get_max_id() (torch's context id layout)",
-    "test_clean_context_during_backward": (
-        "dist_autograd._new_context() / _release_context() and context._send_functions()"
-    ),
-    "test_dist_autograd_profiling": (
-        "autograd profiler event names of torch's C++ engine (torch::distributed::autograd::...)"
-    ),
-}
-
 # Tests where refimpl differs from torch on purpose: test name -> why.
 DELIBERATE: dict[str, str] = {
     "test_backward_unused_send_function": (
@@ -115,7 +74,8 @@ DELIBERATE: dict[str, str] = {
     ),
 }
 
-# What CI runs (each spawns a world of 4): the failure classes of issue 16 and the core paths.
+# What CI runs (each spawns a world of 4): the failure classes of issue 16, the core paths, the
+# private API torch's tests read, and every class (test_ci_selection_covers_every_class).
 CI_SELECTION = frozenset(
     {
         "test_backward_simple",  # the core path
@@ -127,36 +87,64 @@ CI_SELECTION = frozenset(
         "test_context_cleanup_no_tensors",  # contexts on tensor-free workers
         "test_no_grad_copy",  # one gradient buffer per leaf
         "test_post_hooks",  # hooks on AccumulateGrad nodes
+        "test_graph_for_py_nested_call",  # _send_functions / _recv_functions, torch's node names
+        "test_clean_context_during_backward",  # _new_context / _release_context
+        "test_dist_autograd_profiling",  # profiler scopes under torch's names
+        "test_context_cleanup_tensor_with_grad",  # the faulty agent's class
     }
 )
 
 
 class _Swapped(types.ModuleType):
-    """A stand-in for a torch module: the swapped names, then the module's own."""
+    """A stand-in for a torch module: the swapped names, then the module's own public names.
 
-    def __init__(self, base: types.ModuleType, **swapped) -> None:
+    A private name (one underscore) that is neither swapped nor listed in ``torch_private``
+    raises: torch's test module reaches torch's engine state through private names
+    (``_new_context``, ``_get_max_id``, ...), and one that fell through to torch would let a
+    test pass on torch's engine while it claims refimpl's.
+    """
+
+    def __init__(self, base: types.ModuleType, torch_private=(), **swapped) -> None:
         super().__init__(base.__name__)
         self._base = base
+        self._torch_private = frozenset(torch_private)
         self.__dict__.update(swapped)
 
     def __getattr__(self, name):
+        private = name.startswith("_") and not name.startswith("__")
+        if private and name not in self._torch_private:
+            raise AttributeError(
+                f"{self.__name__}.{name} is not swapped for refimpl's: add it to "
+                "_swap_in_refimpl (or, if it is not the engine's, to its torch_private)"
+            )
         return getattr(self._base, name)
+
+
+# The test module's names that refimpl replaces, and the private names of torch's RPC module it
+# may still reach (the agent's, not the engine's: refimpl runs over torch's agent).
+DIST_AUTOGRAD_NAMES = (
+    "context",
+    "backward",
+    "get_gradients",
+    "_retrieve_context",
+    "_current_context",
+    "_get_debug_info",
+    "_new_context",
+    "_release_context",
+    "_get_max_id",
+)
+RPC_NAMES = ("rpc_sync", "rpc_async", "remote")
+RPC_TORCH_PRIVATE = ("_set_rpc_timeout",)
 
 
 def _swap_in_refimpl() -> None:
     """Point torch's test module at refimpl (runs at import, so in every spawned rank too)."""
     da = refimpl_dist_autograd
     torch_suite.dist_autograd = _Swapped(
-        torch_dist_autograd,
-        context=da.context,
-        backward=da.backward,
-        get_gradients=da.get_gradients,
-        _retrieve_context=da._retrieve_context,
-        _current_context=da._current_context,
-        _get_debug_info=da._get_debug_info,
+        torch_dist_autograd, **{n: getattr(da, n) for n in DIST_AUTOGRAD_NAMES}
     )
     torch_suite.rpc = _Swapped(
-        torch_rpc, rpc_sync=da.rpc_sync, rpc_async=da.rpc_async, remote=da.remote
+        torch_rpc, RPC_TORCH_PRIVATE, **{n: getattr(da, n) for n in RPC_NAMES}
     )
 
 
@@ -187,7 +175,6 @@ ALL_TESTS = sorted(
 )
 _reasons = {}
 if ENGINE == "refimpl":
-    _reasons.update({n: f"reads torch internals: {why}" for n, why in TORCH_INTERNALS.items()})
     _reasons.update({n: f"deliberate difference: {why}" for n, why in DELIBERATE.items()})
 if os.environ.get("GRADPARITY_TORCH_SUITE", "ci") != "all":
     _reasons.update(
@@ -198,3 +185,13 @@ if os.environ.get("GRADPARITY_TORCH_SUITE", "ci") != "all":
         }
     )
 globals().update({name: _not_run(cls, _reasons) for name, cls in _CLASSES.items()})
+
+
+def test_ci_selection_covers_every_class():
+    """CI's selection and the exclusions name real tests, and CI runs some of every class."""
+    names = set(ALL_TESTS)
+    assert CI_SELECTION <= names and set(DELIBERATE) <= names
+    assert not CI_SELECTION & set(DELIBERATE)
+    for cls_name, cls in _CLASSES.items():
+        own = set(unittest.TestLoader().getTestCaseNames(cls))
+        assert own & CI_SELECTION, f"CI runs none of {cls_name}"
