@@ -24,6 +24,7 @@ BUILTINS: dict[str, str] = {
     "refimpl-bucketer": "conformance.adapters.bucketer:refimpl_bucketer",
     "fairscale-bucketer": "conformance.adapters.bucketer:fairscale_bucketer",
     "refimpl-sharded": "conformance.adapters.sharded:refimpl_sharded",
+    "refimpl-zero3": "conformance.adapters.sharded:refimpl_zero3",
     "torch-fsdp": "conformance.adapters.sharded:torch_fsdp",
     "torch-fsdp2": "conformance.adapters.sharded:torch_fsdp2",
 }
@@ -39,6 +40,8 @@ ENGINE_ADAPTERS: dict[str, str] = {
     "deepspeed-zero2": "conformance.adapters.engines.deepspeed:deepspeed_zero2",
     "deepspeed-zero3": "conformance.adapters.engines.deepspeed:deepspeed_zero3",
     "fairscale-sdp": "conformance.adapters.engines.fairscale_sdp:fairscale_sdp",
+    "torchft-ddp": "conformance.adapters.engines.torchft:torchft_ddp",
+    "torchft-ddp-async": "conformance.adapters.engines.torchft:torchft_ddp_async",
 }
 BUILTINS.update(ENGINE_ADAPTERS)
 

@@ -6,6 +6,8 @@ each rank; the suite reads them through the same `Wrapped` protocol as DDP's, so
 
 * ``refimpl-sharded`` — :class:`refimpl.sharded.ShardedDataParallel` (ZeRO-2: replicated
   parameters, reduce-scattered gradients through the bucketer, a sharded optimizer).
+* ``refimpl-zero3`` — :class:`refimpl.sharded.zero3.FullyShardedDataParallel` (ZeRO-3:
+  parameters sharded at rest and all-gathered per unit, same bucketer and optimizer).
 * ``torch-fsdp`` — ``torch.distributed.fsdp.FullyShardedDataParallel`` (FSDP1), one root
   unit, ``use_orig_params=True`` (so the optimizer and the suite see the module's own
   parameter names), ``sync_module_states=True`` (construction-time sync from rank 0).
@@ -120,6 +122,34 @@ class RefimplSharded:
 
         sdp = ShardedDataParallel(module, process_group=ctx.group, **refimpl_sharded_kwargs(options))
         return RefimplShardedWrapped(sdp, sharded_optimizer(sdp, optimizer))
+
+
+# -- refimpl ZeRO-3 -----------------------------------------------------------------------------
+class RefimplZero3Wrapped(RefimplShardedWrapped):
+    """Drives :class:`refimpl.sharded.zero3.FullyShardedDataParallel` (parameters sharded too).
+
+    The module's parameters hold no values at rest, so parameters are read only through the
+    engine's ``full_parameters()`` collective; ``local_shards()`` is each rank's own chunk.
+    """
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        return {n: _cpu(t) for n, t in self.sdp.full_parameters().items()}
+
+    def local_shards(self) -> dict[str, tuple[Tensor, Tensor | None]]:
+        return {n: (_cpu(p), _cpu(g)) for n, (p, g) in self.sdp.local_shards().items()}
+
+
+class RefimplZero3(RefimplSharded):
+    """refimpl's ZeRO-3 engine: one root unit (the suite's scenarios may use rank-dependent
+    control flow, which per-unit all-gathers cannot serve: see the engine's notes)."""
+
+    name = "refimpl-zero3"
+
+    def wrap(self, module: nn.Module, ctx, options: WrapOptions, optimizer=None) -> RefimplZero3Wrapped:
+        from refimpl.sharded.zero3 import FullyShardedDataParallel
+
+        fsdp = FullyShardedDataParallel(module, process_group=ctx.group, **refimpl_sharded_kwargs(options))
+        return RefimplZero3Wrapped(fsdp, sharded_optimizer(fsdp, optimizer))
 
 
 # -- torch FSDP (FSDP1) -------------------------------------------------------------------------
@@ -289,6 +319,10 @@ class TorchFSDP2:
 
 def refimpl_sharded() -> RefimplSharded:
     return RefimplSharded()
+
+
+def refimpl_zero3() -> RefimplZero3:
+    return RefimplZero3()
 
 
 def torch_fsdp() -> TorchFSDP:

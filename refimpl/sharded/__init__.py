@@ -5,10 +5,14 @@
 * ``engine``   — ``ShardedDataParallel``: full parameters, gradients reduce-scattered into
   this rank's shards as backward ends.
 * ``optimizer`` — ``ShardedOptimizer``: steps this rank's shards, all-gathers the parameters.
+* ``zero3``    — ``FullyShardedDataParallel`` (ZeRO-3): parameters sharded too, all-gathered
+  per unit for its forward and backward, a ``MixedPrecisionPolicy``, full and sharded state dicts.
 """
 
 from .bucketer import ReduceScatterBucketer
 from .engine import ShardedDataParallel
 from .optimizer import ShardedOptimizer
+from .zero3 import FullyShardedDataParallel, MixedPrecisionPolicy
 
-__all__ = ["ReduceScatterBucketer", "ShardedDataParallel", "ShardedOptimizer"]
+__all__ = ["FullyShardedDataParallel", "MixedPrecisionPolicy", "ReduceScatterBucketer", "ShardedDataParallel",
+           "ShardedOptimizer"]

@@ -1,0 +1,477 @@
+"""FullyShardedDataParallel: parameters, gradients and optimizer state sharded (ZeRO-3).
+
+What each rank holds at rest (between steps): for every trainable parameter, one chunk of
+its flattened value, of its gradient and of its optimizer state — 1/W of the total. The
+wrapped module keeps its ``nn.Parameter`` objects (names, identity, shapes), but their storage
+is freed: a parameter has values only while its *unit* needs them.
+
+Frozen parameters (``requires_grad=False``) stay replicated, as the module holds them.
+
+A unit is a submodule whose parameters are gathered together (one all-gather per dtype):
+the root module always, and each module ``units`` names (FSDP's nested wrapping; e.g. every
+block of a transformer). A parameter belongs to the innermost unit containing every module
+that registers it, so a parameter shared between units is owned by their common ancestor.
+
+One training step:
+  1. before a unit's forward, its parameters are all-gathered from the shards (cast to the
+     policy's ``param_dtype`` first, as FSDP2 does: the all-gather moves the compute dtype);
+  2. after a non-root unit's forward, with ``reshard_after_forward=True``, its parameters are
+     freed again, and gathered once more before its backward (a hook on its outputs);
+  3. at the end of a synced backward, every gradient is cast to ``reduce_dtype``, divided by
+     W and reduce-scattered through a :class:`~refimpl.sharded.bucketer.ReduceScatterBucketer`
+     into this rank's sharded gradient (in the shard's dtype); full gradients and parameters
+     are freed;
+  4. the optimizer (``make_optimizer``) steps this rank's chunks; nothing is gathered after
+     it — the next forward gathers.
+
+[Note: freeing by storage]
+A parameter is freed by resizing its storage to 0 bytes and gathered by resizing it back and
+copying in: the ``nn.Parameter`` object, and every tensor autograd saved from it during the
+forward, keep pointing at the same storage, so a unit resharded after forward computes its
+backward on the values gathered again before it (FSDP1 frees its flat parameter the same way).
+
+[Note: when gradients are reduced]
+As in ``ShardedDataParallel`` (see its note): all parameters at the end of the synced
+backward, in registration order, after one all-reduce of "who has a gradient", so ranks with
+different control flow still issue the same collectives. The price: a full gradient of every
+used parameter exists until the end of backward (FSDP2 reduce-scatters each unit as its
+backward ends, which needs every rank to reach every unit). Units are all-gathered as they
+run, so with rank-dependent control flow keep one root unit (the default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .. import _torch_compat as compat
+from ..broadcast import broadcast_from_rank0
+from ..ddp.unused_params import reaches_any
+from .bucketer import ReduceScatterBucketer
+from .engine import _all_gather_single
+from .optimizer import ShardedOptimizer
+
+__all__ = ["FullyShardedDataParallel", "MixedPrecisionPolicy"]
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """FSDP2's policy: compute in ``param_dtype``, reduce gradients in ``reduce_dtype``.
+
+    ``None`` keeps the parameter's own dtype. Shards, the optimizer and ``full_*`` reads stay
+    in the parameter's original dtype; the gathered parameter is the shard cast to
+    ``param_dtype``, and the reduced gradient is cast back to the shard's dtype.
+    """
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+
+
+@dataclass
+class _Param:
+    """One trainable parameter: the module's tensor (freed at rest) and this rank's chunk."""
+
+    name: str
+    param: nn.Parameter  # what the module computes with: full while gathered, 0 bytes at rest
+    shape: torch.Size
+    numel: int
+    chunk: int  # elements per rank, padding included: ceil(numel / W)
+    offset: int  # start of this rank's chunk in its unit's flat shard of `dtype`
+    dtype: torch.dtype  # the parameter's own dtype: shards, optimizer state and full_* reads
+    order: int  # registration order in the module: the order gradients are reduced in
+    shard: nn.Parameter | None = None  # this rank's chunk: the optimizer's parameter
+
+
+class _Unit:
+    """A module whose parameters are gathered together, with this rank's flat shards."""
+
+    def __init__(self, path: str, module: nn.Module, root: bool) -> None:
+        self.path, self.module, self.root = path, module, root
+        self.params: list[_Param] = []
+        self.flats: dict[torch.dtype, Tensor] = {}  # original dtype -> this rank's chunks end to end
+        self.gathered = False
+
+    def by_dtype(self) -> dict[torch.dtype, list[_Param]]:
+        out: dict[torch.dtype, list[_Param]] = {}
+        for p in self.params:
+            out.setdefault(p.dtype, []).append(p)
+        return out
+
+
+class FullyShardedDataParallel(nn.Module):
+    """ZeRO-3 data parallel on refimpl's reduce-scatter bucketer.
+
+    Usage::
+
+        model = FullyShardedDataParallel(net, units=[blk for blk in net.blocks],
+                                         mixed_precision=MixedPrecisionPolicy(torch.bfloat16))
+        opt = model.make_optimizer(torch.optim.AdamW, lr=1e-3)   # over this rank's chunks
+        loss_fn(model(x), y).backward()     # gathers per unit, reduce-scatters at the end
+        opt.step(); opt.zero_grad()
+        model.set_requires_gradient_sync(False)   # or `with model.no_sync():`
+        loss_fn(model(x1), y1).backward()          # local accumulation in the full p.grad
+        model.set_requires_gradient_sync(True)
+
+    Args:
+        module: the model; rank 0's parameters and buffers are broadcast at construction.
+        process_group: group to shard over (default: the default group).
+        units: submodules gathered as units of their own (the root is always one).
+        reshard_after_forward: free a non-root unit's parameters after its forward (and
+            gather them again for its backward); False keeps them until the end of backward.
+        mixed_precision: see :class:`MixedPrecisionPolicy`.
+        bucket_cap_mb: reduce-scatter bucket size, see ``ReduceScatterBucketer``.
+        broadcast_buffers: broadcast rank 0's buffers before every forward (DDP's rule).
+    """
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
+                 units: Iterable[nn.Module] = (), reshard_after_forward: bool = True,
+                 mixed_precision: MixedPrecisionPolicy | None = None, bucket_cap_mb: float = 25,
+                 broadcast_buffers: bool = True) -> None:
+        super().__init__()
+        assert dist.is_initialized(), (
+            "FullyShardedDataParallel needs an initialized process group: call "
+            "torch.distributed.init_process_group() first")
+        if not isinstance(reshard_after_forward, bool):
+            raise TypeError(f"reshard_after_forward must be True or False, not {reshard_after_forward!r} "
+                            "(resharding to a smaller group is not implemented)")
+        self.module = module
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.world_size = self.process_group.size()
+        self.rank = dist.get_rank(self.process_group)
+        self.reshard_after_forward = reshard_after_forward
+        self.mp = mixed_precision or MixedPrecisionPolicy()
+        self.broadcast_buffers = broadcast_buffers
+        self.bucketer = ReduceScatterBucketer(bucket_cap_mb)
+        self._sync = True
+        self._sync_backward = True
+        self._end_queued = False
+
+        broadcast_from_rank0(list(module.parameters()), self.process_group)
+        broadcast_from_rank0(list(module.buffers()), self.process_group)
+        self._units = self._build_units(list(units))
+        self._params = [p for u in self._units for p in u.params]
+        self._params.sort(key=lambda p: p.order)  # registration order: the reduction order
+        self._param_ids = {id(p.param) for p in self._params}
+        for unit in self._units:
+            unit.module.register_forward_pre_hook(functools.partial(self._pre_forward, unit))
+            unit.module.register_forward_hook(functools.partial(self._post_forward, unit))
+        for p in self._params:
+            p.param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
+
+    # --- construction -----------------------------------------------------------------------
+    def _build_units(self, wrapped: list[nn.Module]) -> list[_Unit]:
+        paths = {id(m): path for path, m in self.module.named_modules(remove_duplicate=False)}
+        for m in wrapped:
+            assert id(m) in paths, f"unit {type(m).__name__} is not a submodule of the wrapped module"
+        units = [_Unit("", self.module, root=True)]
+        units += [_Unit(paths[id(m)], m, root=False) for m in wrapped if m is not self.module]
+        # Every module path that registers each parameter (a shared parameter has several).
+        where: dict[int, tuple[str, nn.Parameter, list[str]]] = {}
+        for mpath, m in self.module.named_modules(remove_duplicate=False):
+            for pname, p in m._parameters.items():
+                if p is None or not p.requires_grad:
+                    continue
+                name = f"{mpath}.{pname}" if mpath else pname
+                where.setdefault(id(p), (name, p, []))[2].append(mpath)
+
+        def inside(path: str, unit: _Unit) -> bool:
+            return unit.root or path == unit.path or path.startswith(unit.path + ".")
+
+        compute = self.mp.param_dtype
+        replaced: dict[int, nn.Parameter] = {}
+        initial: dict[int, Tensor] = {}  # id(_Param) -> the full value to shard
+        for order, (name, p, mpaths) in enumerate(where.values()):
+            assert not p.is_sparse, f"parameter {name!r} is sparse: not supported"
+            if p.untyped_storage().nbytes() != p.numel() * p.element_size():
+                raise ValueError(f"parameter {name!r} shares its storage with other tensors: FullyShardedDataParallel "
+                                 "frees each parameter's storage at rest, so give it storage of its own (p.clone())")
+            owner = max((u for u in units if all(inside(mp, u) for mp in mpaths)), key=lambda u: len(u.path))
+            chunk = math.ceil(p.numel() / self.world_size)
+            offset = sum(q.chunk for q in owner.params if q.dtype == p.dtype)
+            entry = _Param(name, p, p.shape, p.numel(), chunk, offset, p.dtype, order)
+            initial[id(entry)] = p.detach().clone()
+            if compute is not None and compute != p.dtype:  # the module computes in param_dtype
+                replaced[id(p)] = entry.param = nn.Parameter(torch.empty(p.shape, dtype=compute, device=p.device))
+            owner.params.append(entry)
+        if replaced:
+            for m in self.module.modules():
+                for pname, p in list(m._parameters.items()):
+                    if p is not None and id(p) in replaced:
+                        m._parameters[pname] = replaced[id(p)]
+        with torch.no_grad():
+            for unit in units:
+                for dtype, group in unit.by_dtype().items():
+                    flat = torch.zeros(sum(q.chunk for q in group), dtype=dtype, device=group[0].param.device)
+                    unit.flats[dtype] = flat
+                    for q in group:
+                        view = flat[q.offset:q.offset + q.chunk]
+                        view.copy_(_chunk(initial.pop(id(q)), q.chunk, self.rank, self.world_size))
+                        q.shard = nn.Parameter(view)  # shares storage with the unit's flat shard
+                        _free(q.param)
+        return [u for u in units if u.params or u.root]
+
+    # --- gather / free ----------------------------------------------------------------------
+    @torch.no_grad()
+    def _gather(self, unit: _Unit) -> None:
+        if unit.gathered:
+            return
+        for dtype, group in unit.by_dtype().items():
+            compute = self.mp.param_dtype or dtype
+            mine = unit.flats[dtype].to(compute)
+            gathered = mine.new_empty(self.world_size * mine.numel())
+            _all_gather_single(gathered, mine, group=self.process_group)
+            rows = gathered.view(self.world_size, mine.numel())
+            for q in group:
+                q.param.untyped_storage().resize_(q.numel * q.param.element_size())
+                # `.data`: a copy autograd does not count as a change of a tensor it saved
+                # ([Note: freeing by storage]); gathering again for backward is not an edit.
+                q.param.data.copy_(rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel].view(q.shape))
+        unit.gathered = True
+
+    def _free_unit(self, unit: _Unit) -> None:
+        for q in unit.params:
+            _free(q.param)
+        unit.gathered = False
+
+    def _pre_forward(self, unit: _Unit, module, args):
+        if unit.root:
+            if self.broadcast_buffers and self.world_size > 1:
+                broadcast_from_rank0(list(self.module.buffers()), self.process_group)
+            self._sync_backward = self._sync
+        self._gather(unit)
+
+    def _post_forward(self, unit: _Unit, module, args, output):
+        if unit.root:
+            if not torch.is_grad_enabled():
+                self._free_all()
+            elif self._sync_backward and not reaches_any(output, self._param_ids):
+                # This rank's backward fires no gradient hook, yet the other ranks expect its
+                # share of every collective (pytorch/pytorch#40566): reduce now, same order.
+                self._end_of_backward()
+            return output
+        if self.reshard_after_forward:
+            self._free_unit(unit)
+            if torch.is_grad_enabled():
+                tensors = [t for t in _tensors(output) if t.requires_grad]
+                if tensors:  # gather again before this unit's backward runs
+                    torch.autograd.graph.register_multi_grad_hook(
+                        tensors, functools.partial(self._pre_backward, unit), mode="any")
+        return output
+
+    def _pre_backward(self, unit: _Unit, grad) -> None:
+        self._queue_end()
+        self._gather(unit)
+
+    def _free_all(self) -> None:
+        for unit in self._units:
+            self._free_unit(unit)
+
+    # --- no_sync ----------------------------------------------------------------------------
+    def set_requires_gradient_sync(self, requires: bool) -> None:
+        """False: backward accumulates the local full ``p.grad`` (FSDP2's name for no_sync)."""
+        self._sync = bool(requires)
+
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        return self._sync
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def forward(self, *args, **kwargs):
+        if self.mp.param_dtype is not None:  # floating inputs in the compute dtype, as FSDP2 casts them
+            args, kwargs = _cast((args, kwargs), self.mp.param_dtype)
+        return self.module(*args, **kwargs)
+
+    # --- gradient reduction -----------------------------------------------------------------
+    def _on_grad_accumulated(self, param: Tensor) -> None:
+        self._queue_end()
+
+    def _queue_end(self) -> None:
+        if not self._end_queued:
+            self._end_queued = True
+            compat.queue_backward_callback(self._end_of_backward)
+
+    @torch.no_grad()
+    def _end_of_backward(self) -> None:
+        self._end_queued = False
+        if self._sync_backward:
+            self._reduce_gradients()
+        self._free_all()
+
+    def _reduce_gradients(self) -> None:
+        device = self._params[0].param.device if self._params else torch.device("cpu")
+        used = torch.tensor([q.param.grad is not None for q in self._params], dtype=torch.int32, device=device)
+        dist.all_reduce(used, group=self.process_group)
+        W = self.world_size
+        for q, n_ranks in zip(self._params, used.tolist(), strict=True):
+            if n_ranks == 0:
+                continue  # no rank used it: its sharded gradient stays as it was
+            grad = q.param.grad
+            rdtype = self.mp.reduce_dtype or (grad.dtype if grad is not None else q.param.dtype)
+            padded = torch.zeros(q.chunk * W, dtype=rdtype, device=device)
+            if grad is not None:
+                torch.div(grad.reshape(-1).to(rdtype), W, out=padded[:q.numel])
+            self.bucketer.reduce_scatter_async(list(padded.view(W, q.chunk)), self.process_group,
+                                               functools.partial(_accumulate, q))
+        self.bucketer.flush()
+        self.bucketer.teardown()
+        for q in self._params:
+            q.param.grad = None
+
+    # --- optimizer support ------------------------------------------------------------------
+    def sharded_parameters(self) -> list[nn.Parameter]:
+        """This rank's chunks, one ``nn.Parameter`` per trainable parameter (for optimizers)."""
+        return [q.shard for q in self._params if q.chunk > 0]
+
+    def make_optimizer(self, optimizer_class: Callable[..., torch.optim.Optimizer], **kwargs) -> ShardedOptimizer:
+        """An optimizer over this rank's chunks (its state is sharded too)."""
+        return ShardedOptimizer(self, optimizer_class, **kwargs)
+
+    def gather_parameters(self) -> None:
+        """Nothing to do after a step: the shards are the parameters; the next forward gathers."""
+
+    def _assert_idle(self, what: str) -> None:
+        assert not self._end_queued, f"{what} during backward: call it after loss.backward() has returned"
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Clip the sharded gradients by their *global* norm (one all-reduce); returns the norm.
+
+        pytorch/pytorch#170862 is the bug this avoids: the norm of the local shard alone.
+        """
+        grads = [q.shard.grad for q in self._params if q.shard is not None and q.shard.grad is not None]
+        device = self._params[0].shard.device if self._params else torch.device("cpu")
+        if norm_type == math.inf:
+            local = max((g.abs().max() for g in grads), default=torch.zeros((), device=device)).float()
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.process_group)
+            total = local
+        else:
+            local = sum((g.float().abs().pow(norm_type).sum() for g in grads), torch.zeros((), device=device))
+            dist.all_reduce(local, group=self.process_group)
+            total = local.pow(1.0 / norm_type)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return total
+
+    # --- full and sharded reads -------------------------------------------------------------
+    def _gather_shards(self, pick: Callable[[_Param], Tensor | None]) -> dict[str, Tensor | None]:
+        """Every parameter rebuilt from every rank's chunk picked by ``pick`` (a collective)."""
+        out: dict[str, Tensor | None] = {}
+        for unit in self._units:
+            for dtype, group in unit.by_dtype().items():
+                mine = unit.flats[dtype].new_zeros(unit.flats[dtype].numel())
+                present = torch.tensor([0 if pick(q) is None else 1 for q in group], dtype=torch.int32,
+                                       device=mine.device)
+                for q in group:
+                    if pick(q) is not None:
+                        mine[q.offset:q.offset + q.chunk] = pick(q).detach()
+                gathered = mine.new_empty(self.world_size * mine.numel())
+                _all_gather_single(gathered, mine, group=self.process_group)
+                rows = gathered.view(self.world_size, mine.numel())
+                for q, has in zip(group, present.tolist(), strict=True):
+                    out[q.name] = (rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel].view(q.shape).clone()
+                                   if has else None)
+        return out
+
+    def full_gradients(self) -> dict[str, Tensor | None]:
+        """Unsharded reduced gradients by name (shard dtype); ``None`` where none was reduced. Collective."""
+        self._assert_idle("full_gradients()")
+        return self._gather_shards(lambda q: q.shard.grad)
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        """Unsharded parameters by name, in the shards' dtype (copies). Collective.
+
+        Frozen parameters (``requires_grad=False``) are not sharded: every rank holds them.
+        """
+        gathered = self._gather_shards(lambda q: q.shard)
+        return {n: gathered[n] if n in gathered else p.detach().clone() for n, p in self.module.named_parameters()}
+
+    def local_shards(self) -> dict[str, tuple[Tensor, Tensor | None]]:
+        """This rank's (parameter chunk, gradient chunk) by name, padding included."""
+        return {q.name: (q.shard.detach(), None if q.shard.grad is None else q.shard.grad.detach())
+                for q in self._params}
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Parameters (unsharded, shard dtype) and buffers by name, on every rank. Collective."""
+        state = dict(self.full_parameters())
+        state.update({n: b.detach().clone() for n, b in self.module.named_buffers()})
+        return state
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Take this rank's chunk of every parameter from a full state dict; buffers as they are."""
+        for q in self._params:
+            q.shard.copy_(_chunk(state[q.name].to(q.shard.dtype), q.chunk, self.rank, self.world_size))
+        for n, b in self.module.named_buffers():
+            if n in state:
+                b.copy_(state[n])
+
+    def sharded_state_dict(self) -> dict[str, dict]:
+        """This rank's chunks with what it takes to check them on load (no communication)."""
+        return {q.name: {"chunk": q.shard.detach().clone(), "shape": tuple(q.shape), "rank": self.rank,
+                         "world_size": self.world_size} for q in self._params}
+
+    @torch.no_grad()
+    def load_sharded_state_dict(self, state: dict[str, dict]) -> None:
+        for q in self._params:
+            entry = state[q.name]
+            if (entry["world_size"], entry["rank"], tuple(entry["shape"])) != (self.world_size, self.rank, tuple(q.shape)):
+                raise ValueError(
+                    f"sharded state of {q.name!r} is rank {entry['rank']} of {entry['world_size']} with shape "
+                    f"{entry['shape']}; this is rank {self.rank} of {self.world_size} with shape {tuple(q.shape)}: "
+                    "load a full state dict to change the world size")
+            q.shard.copy_(entry["chunk"])
+
+
+def _chunk(full: Tensor, chunk: int, rank: int, world_size: int) -> Tensor:
+    padded = full.new_zeros(chunk * world_size)
+    padded[:full.numel()] = full.reshape(-1)
+    return padded[rank * chunk:(rank + 1) * chunk]
+
+
+def _free(param: Tensor) -> None:
+    param.untyped_storage().resize_(0)
+
+
+def _accumulate(q: _Param, reduced: Tensor) -> None:
+    """Bucketer callback: add the reduced chunk (cast to the shard's dtype) to the sharded gradient."""
+    reduced = reduced.to(q.shard.dtype)
+    if q.shard.grad is None:
+        q.shard.grad = reduced.clone()
+    else:
+        q.shard.grad.add_(reduced)
+
+
+def _cast(obj, dtype: torch.dtype):
+    if isinstance(obj, Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_cast(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _tensors(output) -> list[Tensor]:
+    if isinstance(output, Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in _tensors(o)]
+    if isinstance(output, dict):
+        return [t for o in output.values() for t in _tensors(o)]
+    return []
+
