@@ -89,6 +89,10 @@ def _matrix(results: list[dict], adapters: list[str], area: str = "") -> str:
             declared = r.get("declared") or []
             if declared:  # the verdict holds under these declared deviations from torch DDP
                 first += " | declared: " + "; ".join(declared)
+            oracle = (r.get("details") or {}).get("oracle")
+            if oracle:  # which rule judged it, the widest envelope, the straight-through check
+                first += (f" | rule: {oracle['rule']}; widest envelope {oracle['largest_bound_ulps']:.3g} ulps"
+                          f"; straight through: {oracle.get('straight_through', 'not run')}")
             mark = " ◆" if declared else ""
             note = ""
             reason = _reason(r)

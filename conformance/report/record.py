@@ -30,8 +30,8 @@ def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message:
         "dtype": scenario.dtype,
         "options": scenario.options.describe(),
         "profiles": sorted(scenario.profiles),
-        "tolerance": scenario.tolerance.describe(),
-        "tolerance_reason": scenario.tolerance.reason,
+        # The rule the oracle applied: the scenario's, or the adapter's declared one (conformance.envelope.rule_of).
+        **applied_rule(adapter_spec, scenario),
         "seed": scenario.seed,
         "upstream": scenario.upstream,
         "clauses": list(scenario.clauses),
@@ -98,3 +98,19 @@ def _scenario(scenario_id: str) -> Scenario | None:
     if base in by_id and device in ("cpu", "cuda"):  # the --device choices (conformance/options.py)
         return catalogue.on_device(by_id[base], device)
     return None
+
+
+def applied_rule(adapter_spec: str, scenario: Scenario) -> dict:
+    """tolerance (its description), tolerance_kind (bitwise | summation-order | derived-bound | band |
+    norm) and tolerance_reason of the rule this adapter's case is judged by."""
+    from conformance.envelope import rule_of
+
+    rule = scenario.tolerance
+    try:
+        from conformance.adapters import registry
+        from conformance.semantics import declared
+
+        rule = rule_of(scenario, declared(registry.load(adapter_spec), scenario))
+    except Exception:  # noqa: BLE001 - an adapter that cannot load: the scenario's rule (the case shows the error)
+        pass
+    return {"tolerance": rule.describe(), "tolerance_kind": rule.kind, "tolerance_reason": rule.reason}
