@@ -88,6 +88,11 @@ class RefimplShardedWrapped:
     def optimizer_parameters(self) -> Iterable[nn.Parameter]:
         return self.sdp.sharded_parameters()
 
+    def local_shards(self) -> dict[str, dict]:
+        """This rank's own chunks (conformance/shards.py): refimpl's flat-chunk placement."""
+        return {n: {"placement": "flat-chunk", "param": _cpu(p), "grad": _cpu(g)}
+                for n, (p, g) in self.sdp.local_shards().items()}
+
 
 def sharded_optimizer(sdp, optimizer) -> object | None:
     """The scenario's optimizer as refimpl's ``ShardedOptimizer`` (None: the scenario has none)."""
@@ -135,8 +140,6 @@ class RefimplZero3Wrapped(RefimplShardedWrapped):
     def full_parameters(self) -> dict[str, Tensor]:
         return {n: _cpu(t) for n, t in self.sdp.full_parameters().items()}
 
-    def local_shards(self) -> dict[str, tuple[Tensor, Tensor | None]]:
-        return {n: (_cpu(p), _cpu(g)) for n, (p, g) in self.sdp.local_shards().items()}
 
 
 class RefimplZero3(RefimplSharded):
@@ -285,6 +288,19 @@ class FSDP2Wrapped:
 
     def full_parameters(self) -> dict[str, Tensor]:
         return {n: _cpu(p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in self.module.named_parameters()}
+
+    def local_shards(self) -> dict[str, dict]:
+        """Each DTensor parameter's local part (``to_local()``) under its ``Shard(0)`` placement."""
+        out = {}
+        for n, p in self.module.named_parameters():
+            if not p.requires_grad or not hasattr(p, "to_local"):
+                continue
+            if [str(pl) for pl in p.placements] != ["S(0)"]:
+                return {}  # another placement (HSDP, a custom shard_placement_fn): not modelled here
+            g = p.grad
+            out[n] = {"placement": "dim0-chunk", "param": _cpu(p.to_local()),
+                      "grad": None if g is None else _cpu(g.to_local() if hasattr(g, "to_local") else g)}
+        return out
 
     def full_buffers(self) -> dict[str, Tensor]:
         return {n: _cpu(b) for n, b in self.module.named_buffers()}

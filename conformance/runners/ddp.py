@@ -68,7 +68,8 @@ def run(payload, ctx) -> dict:
                     backward(loss)
                 record["events"].append(
                     {"kind": "backward", "step": step, "micro": micro, "synced": synced, "values": wrapped.full_gradients(),
-                     "loss": loss.detach().to("cpu", copy=True)}  # for --record (conformance.recording); never judged
+                     "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
+                     "shards": _local_shards(wrapped) if synced else None}  # sharded area: conformance/shards.py
                 )
             if optimizer is not None:
                 if skewed and scenario.skew == "step":
@@ -76,7 +77,8 @@ def run(payload, ctx) -> dict:
                 optimizer.step()
                 _zero_grad(scenario, step, optimizer, wrapped, owns)
             record["events"].append(
-                {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
+                {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers(),
+                 "shards": _local_shards(wrapped)}
             )
     except Exception as exc:
         accepted = scenario.expect == Expect.MATCH_OR_ERROR and re.search(scenario.error_pattern, str(exc))
@@ -94,6 +96,12 @@ def run(payload, ctx) -> dict:
         close()
     del wrapped, optimizer, model
     return record
+
+
+def _local_shards(wrapped) -> dict | None:
+    """Each rank's own shards where a sharded adapter exposes them (optional `Wrapped.local_shards`)."""
+    local = getattr(wrapped, "local_shards", None)
+    return local() if callable(local) else None
 
 
 def _zero_grad(scenario: Scenario, step: int, optimizer, wrapped, owns) -> None:
@@ -116,6 +124,12 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]):
                                      straight_through=straight)
     # Every declared deviation from torch DDP's rules travels with the verdict into the report.
     checked.details.update(declared=semantics.deviations(), declared_sources=list(semantics.sources))
+    if scenario.area == "sharded":  # each rank's own shard, as well as the gathered tensors (S12)
+        from conformance.shards import check_local_shards
+
+        count, details = check_local_shards(scenario, adapter_spec, records, contract.repro_command(scenario, adapter_spec))
+        checked.comparisons += count
+        checked.details.update(details)
     if scenario.features:
         from conformance.runners.ddp_features import check_determinism
 

@@ -335,6 +335,11 @@ class ShardedDataParallel(nn.Module):
                     result[slot.name] = self._unshard(g, slot)
         return result
 
+    def local_shards(self) -> dict[str, tuple[Tensor, Tensor | None]]:
+        """This rank's (parameter chunk, gradient chunk) by name, padding included ([Note: shard layout])."""
+        return {s.name: (s.shard.detach(), None if s.shard.grad is None else s.shard.grad.detach())
+                for s in self._slots if s.shard is not None}
+
     def full_parameters(self) -> dict[str, Tensor]:
         """Full parameters by name (copies). Every rank holds them already; no communication."""
         return {n: p.detach().clone() for n, p in self.module.named_parameters()}

@@ -65,8 +65,9 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 
     standard = catalogue.select(area="sharded", profile="standard")
     clauses = {c for s in standard for c in s.clauses}
-    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 12)}
+    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 13)}
     assert _get("sharded/plain/mlp/w3/fp32").clauses.count("S3") == 1  # padded shards at w3
+    assert "S12" in _get("sharded/plain/mlp/w3/fp32").clauses  # and their local shards (conformance/shards.py)
     assert "S3" not in _get("sharded/plain/mlp/w2/fp32").clauses
 
 
@@ -75,6 +76,7 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 CAUGHT = {
     "floor-chunks": ("sharded/plain/cnn-bn/w2/fp32", "head.bias"),
     "batch-weighted": ("sharded/uneven/mlp/w2/fp32", "rank 0"),
+    "padding-not-zero": ("sharded/plain/mlp/w3/fp32", "local grad shard is not its slice"),
 }
 
 

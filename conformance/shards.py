@@ -1,0 +1,91 @@
+"""Shard-by-shard checks of the `sharded` area (issue #26, item 2; contract clause S12).
+
+The contract is judged on *gathered* tensors (`full_gradients()` / `full_parameters()`), but
+a sharded engine computes with its shards: an engine whose gather rebuilds the right tensor
+from the wrong place (a stale copy, another rank's chunk, padding that is not zero) passes
+every gathered check while its optimizer steps something else. So where an adapter exposes
+each rank's own shard (`Wrapped.local_shards()`, optional), every synced backward and every
+step checks, on every rank, that the shard's parameter and gradient are *bitwise* the slice of
+the gathered tensor that the engine's documented placement gives that rank; the gathered
+tensor itself is judged against the oracle, so the shard then matches the oracle's slice.
+
+Placements (what `local_shards()` declares per parameter):
+* ``flat-chunk`` (refimpl ZeRO-2/ZeRO-3, FairScale, DeepSpeed): the flattened tensor,
+  zero-padded to ``c * W`` with ``c = ceil(numel / W)``; rank r holds ``[r*c, (r+1)*c)``,
+  padding included, and the padding must be zero.
+* ``dim0-chunk`` (FSDP2's default ``Shard(0)``): ``torch.chunk(full, W, dim=0)[r]`` — rows
+  ``ceil(d0 / W)`` at a time, ranks past the last chunk hold an empty tensor (no padding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from conformance.compare import (
+    EXACT_ACROSS_RANKS,
+    ConformanceError,
+    compare_tensor,
+    failure_message,
+)
+
+PLACEMENTS = ("flat-chunk", "dim0-chunk")
+
+
+def expected_shard(full: Tensor, placement: str, rank: int, world_size: int) -> Tensor:
+    """The part of `full` that `rank` holds under `placement` (padding included for flat-chunk)."""
+    if placement == "flat-chunk":
+        c = math.ceil(full.numel() / world_size)
+        padded = full.new_zeros(c * world_size)
+        padded[:full.numel()] = full.reshape(-1)
+        return padded[rank * c:(rank + 1) * c]
+    if placement == "dim0-chunk":
+        if full.dim() == 0:
+            return full if rank == 0 else full.new_empty((0,))
+        chunks = torch.chunk(full, world_size, dim=0)
+        return chunks[rank] if rank < len(chunks) else full.new_empty((0, *full.shape[1:]))
+    raise ValueError(f"unknown shard placement {placement!r}; one of {PLACEMENTS}")
+
+
+def check_local_shards(scenario, adapter: str, records: dict[int, dict], repro: str) -> tuple[int, dict]:
+    """Raise ConformanceError at the first shard that is not its slice; (comparisons, report details) otherwise."""
+    count, placements, ranks_with = 0, set(), 0
+    for rank, record in sorted(records.items()):
+        seen = False
+        for event in record.get("events", []):
+            shards = event.get("shards")
+            if shards is None or (event["kind"] == "backward" and not event.get("synced", True)):
+                continue
+            seen = True
+            field = "grad" if event["kind"] == "backward" else "param"
+            where = (f"step {event['step']} micro {event['micro']}, after backward" if event["kind"] == "backward"
+                     else f"step {event['step']}, after the optimizer step")
+            for name, shard in shards.items():
+                full = event["values"].get(name)
+                local = shard[field]
+                placements.add(shard["placement"])
+                if full is None or local is None:
+                    if (full is None) != (local is None):
+                        what = (f"this rank's {field} shard of {name!r} is "
+                                f"{'set' if local is not None else 'None'} while the gathered {field} is "
+                                f"{'None' if full is None else 'set'}")
+                        raise ConformanceError(f"[{scenario.id}] adapter {adapter}: rank {rank}, {where}: {what}\n"
+                                               f"  repro: {repro}")
+                    continue
+                want = expected_shard(full, shard["placement"], rank, scenario.world_size)
+                bad = compare_tensor(f"{name} ({field} shard, {shard['placement']})", want,
+                                     local.reshape(want.shape) if local.numel() == want.numel() else local,
+                                     EXACT_ACROSS_RANKS)
+                count += 1
+                if bad is not None:
+                    raise ConformanceError(failure_message(
+                        scenario_id=scenario.id, adapter=adapter, rank=rank, where=where,
+                        what=(f"this rank's local {field} shard is not its slice of the gathered tensor "
+                              f"(placement {shard['placement']}; padding must be zero)"),
+                        mismatches=[bad], tol=EXACT_ACROSS_RANKS, repro=repro))
+        ranks_with += seen
+    if not ranks_with:
+        return 0, {"local_shards": "not exposed by the adapter (Wrapped.local_shards): gathered tensors only"}
+    return count, {"local_shards": f"{count} shards bitwise equal to their slice ({', '.join(sorted(placements))})"}
