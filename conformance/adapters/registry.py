@@ -40,6 +40,8 @@ ENGINE_ADAPTERS: dict[str, str] = {
     "deepspeed-zero2": "conformance.adapters.engines.deepspeed:deepspeed_zero2",
     "deepspeed-zero3": "conformance.adapters.engines.deepspeed:deepspeed_zero3",
     "fairscale-sdp": "conformance.adapters.engines.fairscale_sdp:fairscale_sdp",
+    "torchft-ddp": "conformance.adapters.engines.torchft:torchft_ddp",
+    "torchft-ddp-async": "conformance.adapters.engines.torchft:torchft_ddp_async",
 }
 BUILTINS.update(ENGINE_ADAPTERS)
 
