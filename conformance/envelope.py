@@ -237,7 +237,7 @@ def reduce(grads: list[Tensor | None], divisor: int, tol) -> Tensor | Envelope |
     if rule in ("band", "norm"):
         return reference
     if rule == "derived-bound":
-        return _bound(grads, shares, reference, divisor, tol)
+        return _bound(grads, reference, divisor, tol)
     n = len(grads)
     sums = []
     for where in tol.divide:
@@ -254,13 +254,13 @@ def reduce(grads: list[Tensor | None], divisor: int, tol) -> Tensor | Envelope |
         trees = len(summation_trees(list(range(n))))
         formula = f"bitwise to one of the {trees} summation trees of {n} shares (1/W: {places}; {len(sums)} candidates)"
         return Envelope(reference, "summation-order", formula, candidates=candidates)
-    env = _bound(grads, shares, reference, divisor, tol)
+    env = _bound(grads, reference, divisor, tol)
     env.rule, env.candidates = "summation-order", candidates
     env.formula = f"bitwise to a ring order of {n} shares, or {env.formula}"
     return env
 
 
-def _bound(grads, shares, reference, divisor, tol) -> Envelope:
+def _bound(grads, reference, divisor, tol) -> Envelope:
     """|ŝ - s| <= γ_m·Σ|x_i| + m·n·η around the exact sum s of the exact shares."""
     n = len(grads)
     sum_dtype = tol.sum_dtype or dtype_name(reference.dtype)

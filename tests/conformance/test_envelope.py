@@ -121,3 +121,13 @@ def test_rule_of_prefers_a_declared_lossy_rule():
     assert rule_of(s, TORCH_DDP) == s.tolerance
     lossy = Semantics(lossy=reduce_dtype_bound("float16", 3))
     assert rule_of(s, lossy).kind == "derived-bound"
+
+
+def test_beyond_four_ranks_ring_orders_and_the_derived_bound():
+    grads = _grads(6)
+    env = reduce(grads, 6, summation_order("float32", 6))
+    assert env.rule == "summation-order" and "ring order" in env.formula and env.radius is not None
+    shares = [g / 6 for g in grads]
+    pairwise = ((shares[0] + shares[1]) + (shares[2] + shares[3])) + (shares[4] + shares[5])
+    assert env.accepts(pairwise).all()  # a tree order, inside the derived bound
+    assert not env.accepts(env.reference * 0.999).all()
