@@ -195,3 +195,17 @@ def test_ci_selection_covers_every_class():
     for cls_name, cls in _CLASSES.items():
         own = set(unittest.TestLoader().getTestCaseNames(cls))
         assert own & CI_SELECTION, f"CI runs none of {cls_name}"
+
+
+@pytest.mark.skipif(ENGINE != "refimpl", reason="nothing is swapped when torch is measured")
+def test_the_swap_refuses_private_names_it_does_not_replace():
+    """A private name torch's module has but refimpl does not replace raises, not falls through."""
+    assert hasattr(torch_dist_autograd, "_init") and hasattr(torch_rpc, "_get_current_rpc_agent")
+    with pytest.raises(AttributeError, match="not swapped for refimpl's"):
+        torch_suite.dist_autograd._init  # noqa: B018
+    with pytest.raises(AttributeError, match="not swapped for refimpl's"):
+        torch_suite.rpc._get_current_rpc_agent  # noqa: B018
+    for name in DIST_AUTOGRAD_NAMES:
+        assert getattr(torch_suite.dist_autograd, name) is getattr(refimpl_dist_autograd, name)
+    assert torch_suite.rpc._set_rpc_timeout is torch_rpc._set_rpc_timeout  # the agent's
+    assert torch_suite.rpc.shutdown is torch_rpc.shutdown
