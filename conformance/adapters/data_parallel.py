@@ -7,11 +7,14 @@ The protocol is one call, `torch.nn.parallel.data_parallel`'s signature::
         version: str
         area = "data_parallel"
         capabilities: frozenset[Capability]
-        def data_parallel(self, module, inputs: tuple, devices: list, output_device, dim: int): ...
+        def data_parallel(self, module, inputs: tuple, devices: list, output_device, dim: int,
+                          module_kwargs: dict | None = None): ...
         def unavailable(self, scenario) -> str | None: ...   # optional: skip with this reason
 
 `inputs` is the tuple of positional arguments; after the call and a backward through the
 returned output, the *original* module's `.grad`s must hold the full batch's gradients.
+`module_kwargs` (torch's keyword of the same name) is passed only for models that take keyword
+arguments (issue 30); an adapter without the parameter fails those scenarios with a TypeError.
 Known-bad implementations live in the zoo: `conformance.mutants.data_parallel`.
 """
 
@@ -31,7 +34,8 @@ class DataParallelAdapter(Protocol):
     area: str
     capabilities: frozenset[Capability]
 
-    def data_parallel(self, module: nn.Module, inputs: tuple, devices: list, output_device: Any, dim: int) -> Any: ...
+    def data_parallel(self, module: nn.Module, inputs: tuple, devices: list, output_device: Any, dim: int,
+                      module_kwargs: dict | None = None) -> Any: ...
 
 
 def devices_for(scenario: Scenario, distinct: bool = False) -> list:
@@ -55,10 +59,11 @@ class RefimplDataParallel:
 
         self.version = getattr(refimpl, "__version__", "0")
 
-    def data_parallel(self, module, inputs, devices, output_device, dim):
+    def data_parallel(self, module, inputs, devices, output_device, dim, module_kwargs=None):
         from refimpl.data_parallel import data_parallel
 
-        return data_parallel(module, inputs, devices=devices, output_device=output_device, dim=dim)
+        return data_parallel(module, inputs, devices=devices, output_device=output_device, dim=dim,
+                             module_kwargs=module_kwargs)
 
     def devices(self, scenario: Scenario) -> list:
         return devices_for(scenario)
@@ -82,8 +87,9 @@ class TorchDataParallel:
             return f"torch.nn.DataParallel needs one GPU per replica: {scenario.world_size} replicas, {count} GPUs"
         return None
 
-    def data_parallel(self, module, inputs, devices, output_device, dim):
-        return torch.nn.parallel.data_parallel(module, inputs, device_ids=devices, output_device=output_device, dim=dim)
+    def data_parallel(self, module, inputs, devices, output_device, dim, module_kwargs=None):
+        return torch.nn.parallel.data_parallel(module, inputs, device_ids=devices, output_device=output_device, dim=dim,
+                                               module_kwargs=module_kwargs)
 
     def devices(self, scenario: Scenario) -> list:
         return devices_for(scenario, distinct=True)

@@ -32,11 +32,13 @@ INEXACT_MODELS = {"transformer", "cnn-bn-eval", "cnn-bn-train", "tied"}
 CORE = ("D1", "D2")
 ACCUMULATE, SPLIT, IN_NESTED, OUT_NESTED, DIM, INPUT_GRAD = "D3", "D4", "D5", "D6", "D7", "D8"
 BUFFERS, MODE, GRAD_MODE, DTYPES, FROZEN_TIED, SCALARS = "D9", "D10", "D11", "D12", "D13", "D14"
+THREAD_STATE, MODULE_KWARGS = "D15", "D16"  # issue 30
 MODEL_CLAUSES = {
     "dict-in": (IN_NESTED,), "tuple-in": (IN_NESTED, OUT_NESTED), "multi-arg": (IN_NESTED, OUT_NESTED),
     "nested-io": (IN_NESTED, OUT_NESTED), "batch-dim1": (DIM,), "batch-last": (DIM,),
     "cnn-bn-eval": (BUFFERS, MODE), "cnn-bn-train": (BUFFERS, MODE), "frozen": (FROZEN_TIED,),
     "tied": (FROZEN_TIED,), "mixed-dtype": (DTYPES,), "scalar-out": (SCALARS,),
+    "kwargs-in": (MODULE_KWARGS, IN_NESTED), "kwargs-dim1": (MODULE_KWARGS, DIM),
 }
 
 
@@ -64,7 +66,9 @@ def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards:
     if any(s != shards[0] for s in shards) or rows < w:
         derived.add(SPLIT)
     derived |= {INPUT_GRAD} if switches.get("input_grad") else set()
-    derived |= {GRAD_MODE} if switches.get("no_grad") else set()
+    derived |= {GRAD_MODE} if switches.get("no_grad") or switches.get("no_grad_first") else set()
+    derived |= {THREAD_STATE} if switches.get("autocast") or switches.get("no_grad_first") else set()
+    derived |= {MODE} if switches.get("eval_last") else set()
     return Scenario(
         id=f"data_parallel/{name}/{model}/r{w}/{SHORT[dtype]}",
         area="data_parallel",
@@ -141,4 +145,31 @@ def scenarios() -> list[Scenario]:
     for model in ("mlp", "dict-in", "tuple-in", "multi-arg"):
         for w in (1, 2, 3, 4):
             out.append(make("sweep", model, w=w, batch=2 * w + 1, steps=3, profiles=FULL))
-    return out
+    return out + issue30_scenarios()
+
+
+def issue30_scenarios() -> list[Scenario]:
+    """Issue 30: who / when / how often / inputs / ambient state (docs/contracts/data_parallel.md,
+    "Dimension checklist"): keyword arguments, autocast and grad mode in the replicas' threads,
+    a mode switch and an evaluation call before training, fp64 per-replica scalars."""
+    # Under autocast each replica's matmuls round their partial sums to bfloat16 (unit roundoff
+    # u = 2^-8) where the full batch rounds once, and the replicas' rounded gradients are then
+    # added: at most 4 roundings reach a value, so rtol 4u = 2^-6; atol covers a gradient whose
+    # rounded partials cancel (integer data: partials below 2^4, each off by at most 2^4 * u).
+    autocast = Tolerance(False, rtol=2.0 ** -6, atol=2.0 ** -4,
+                         reason="bfloat16 autocast: per-replica partial sums rounded to bfloat16 (u = 2^-8), 4 roundings")
+    return [
+        make("kwargs", "kwargs-in", w=2, description="module_kwargs: a per-row tensor and a number"),
+        make("kwargs", "kwargs-in", w=3, batch=7, profiles=STANDARD),
+        make("kwargs-dim1", "kwargs-dim1", w=2, description="module_kwargs split along dim=1 like the inputs"),
+        make("autocast", "mlp", w=2, switches={"autocast": True}, tolerance=autocast, exact_data=True,
+             description="every forward under torch.autocast(bfloat16): the replicas' threads see it"),
+        make("autocast", "kwargs-in", w=3, batch=6, switches={"autocast": True}, tolerance=autocast, exact_data=True,
+             profiles=STANDARD),
+        make("no-grad-first", "mlp", w=2, switches={"no_grad_first": True},
+             description="an evaluation call under torch.no_grad() before the training calls"),
+        make("eval-last", "cnn-bn-train", w=2, batch=8, exact_data=False, switches={"eval_last": True},
+             description="module.eval() before the last call: the replicas follow the module's mode at each call"),
+        make("scalar-out", "scalar-out", w=2, dtype="float64", profiles=STANDARD,
+             description="fp64 per-replica scalars keep their dtype in the gathered vector"),
+    ]

@@ -15,10 +15,19 @@ floating-point inputs require grad and compares their gradients (scatter is diff
 graph, and which must leave every gradient as it was. Models with `oracle="per-chunk"` are
 compared with the module run on each equal chunk in turn (outputs concatenated, 0-dim ones
 stacked; running statistics: replica 0's chunk's update).
+
+Issue 30 (ambient state, time, keyword arguments): models with keyword arguments
+(`DPModel.kwargs`) pass them as `module_kwargs` (the adapter's optional sixth parameter) and to
+the oracle; the switch `autocast` runs every forward, the oracle's and the implementation's,
+under `torch.autocast(<device>, bfloat16)` (the replicas run in worker threads: they must see
+it too); `no_grad_first` makes the first call one under `torch.no_grad()` (checked like
+`no_grad`) before the training calls (state kept from an earlier call must not leak into a
+later one); `eval_last` switches the module (and the oracle) to eval mode before the last step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 
@@ -33,6 +42,7 @@ from conformance.models.data_parallel import (
     build,
     flatten_output,
     make_batch,
+    make_module_kwargs,
     map_leaves,
     structure,
     total_loss,
@@ -40,7 +50,7 @@ from conformance.models.data_parallel import (
 from conformance.runners.recording_tap import tap
 from conformance.spec import Scenario
 
-SWITCHES = ("input_grad", "no_grad")  # scenario switches, not model arguments
+SWITCHES = ("input_grad", "no_grad", "autocast", "no_grad_first", "eval_last")  # scenario switches, not model arguments
 
 
 def run(payload, ctx=None) -> Checked:  # noqa: ARG001 - in-process: no rank context
@@ -100,10 +110,10 @@ def _clone_inputs(obj, grad: bool):
     return map_leaves(obj, clone)
 
 
-def oracle_forward(oracle, inputs: tuple, spec, replicas: int):
+def oracle_forward(oracle, inputs: tuple, spec, replicas: int, module_kwargs: dict | None = None):
     """The module on the full batch, or ("per-chunk") on each equal chunk in turn, gathered."""
     if spec.oracle != "per-chunk":
-        return oracle(*inputs)
+        return oracle(*inputs, **(module_kwargs or {}))
     chunks = [tuple(t.chunk(replicas, spec.dim)[j] for t in inputs) for j in range(replicas)]
     outs = [oracle(*chunks[0])]  # replica 0's buffer updates are the ones the original keeps
     for args in chunks[1:]:  # the others update copies of the buffers, thrown away
@@ -112,6 +122,21 @@ def oracle_forward(oracle, inputs: tuple, spec, replicas: int):
     if all(o.dim() == 0 for o in outs):
         return torch.stack(outs)
     return torch.cat(outs, spec.dim)
+
+
+# -- issue 30: keyword arguments and ambient state ----------------------------------------------
+def call_adapter(adapter, model, inputs, devices, output_device, dim, module_kwargs: dict):
+    """The protocol call; `module_kwargs` (optional sixth parameter) only when the model has some."""
+    if module_kwargs:
+        return adapter.data_parallel(model, inputs, devices, output_device, dim, module_kwargs=module_kwargs)
+    return adapter.data_parallel(model, inputs, devices, output_device, dim)
+
+
+def ambient(kw: dict, home: torch.device):
+    """The state every forward of the step runs in (`autocast` switch: bfloat16 autocast)."""
+    if kw.get("autocast"):
+        return torch.autocast(home.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def check(scenario: Scenario, adapter_spec: str) -> Checked:
@@ -143,14 +168,23 @@ def check(scenario: Scenario, adapter_spec: str) -> Checked:
             mismatches=mismatches, tol=tol, repro=repro,
         ))
 
+    if kw.get("no_grad_first"):  # an evaluation call before any training call
+        count += _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail, step=scenario.steps + 1)
     for step in range(scenario.steps):
+        if kw.get("eval_last") and step == scenario.steps - 1:
+            model.eval()
+            oracle.eval()
         drawn = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
+        module_kwargs = make_module_kwargs(scenario.model, seed=scenario.seed, step=step, batch=batch,
+                                           dtype=scenario.dtype, device=home)
         inputs, oracle_inputs = _clone_inputs(drawn, input_grad), _clone_inputs(drawn, input_grad)
-        expected_out = oracle_forward(oracle, oracle_inputs, spec, scenario.world_size)
+        with ambient(kw, home):
+            expected_out = oracle_forward(oracle, oracle_inputs, spec, scenario.world_size, module_kwargs)
         total_loss(expected_out).backward()
         t0 = time.perf_counter()
         try:
-            out = adapter.data_parallel(model, inputs, device_list, first, spec.dim)
+            with ambient(kw, home):
+                out = call_adapter(adapter, model, inputs, device_list, first, spec.dim, module_kwargs)
             loss = total_loss(out)
             loss.backward()
         except Exception as exc:
@@ -208,15 +242,18 @@ def check(scenario: Scenario, adapter_spec: str) -> Checked:
     return Checked(count, details={"seconds": seconds, "devices": [str(d) for d in device_list]})
 
 
-def _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail) -> int:
+def _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail, step: int | None = None) -> int:
     """A call under torch.no_grad(): the same output, no graph, gradients left as they were."""
-    spec, tol, step = DP_MODELS[scenario.model], scenario.tolerance, scenario.steps
+    spec, tol = DP_MODELS[scenario.model], scenario.tolerance
+    step = scenario.steps if step is None else step
     inputs = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
+    module_kwargs = make_module_kwargs(scenario.model, seed=scenario.seed, step=step, batch=batch,
+                                       dtype=scenario.dtype, device=home)
     before = _grads(model)
-    with torch.no_grad():
-        expected_out = oracle_forward(oracle, inputs, spec, scenario.world_size)
+    with torch.no_grad(), ambient(scenario.kwargs(), home):
+        expected_out = oracle_forward(oracle, inputs, spec, scenario.world_size, module_kwargs)
         try:
-            out = adapter.data_parallel(model, inputs, device_list, device_list[0], spec.dim)
+            out = call_adapter(adapter, model, inputs, device_list, device_list[0], spec.dim, module_kwargs)
         except Exception as exc:  # noqa: BLE001 - the implementation's error is the finding
             fail(step, f"a call under torch.no_grad() raised {type(exc).__name__}: {exc}", [])
     expected, actual = _outputs(expected_out), _outputs(out)

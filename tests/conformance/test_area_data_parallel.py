@@ -28,7 +28,8 @@ def test_catalogue_covers_the_issue():
     # bitwise only where every value stays a small integer
     for s in full:
         inexact = ("transformer", "cnn-bn-eval", "cnn-bn-train", "tied")
-        assert s.tolerance.exact == (s.optimizer == "none" and s.model not in inexact), s.id
+        autocast = dict(s.model_kwargs).get("autocast", False)  # issue 30: bfloat16 rounding, derived band
+        assert s.tolerance.exact == (s.optimizer == "none" and s.model not in inexact and not autocast), s.id
 
 
 @pytest.mark.parametrize("scenario", catalogue.select(area="data_parallel", profile="standard"), ids=str)
@@ -62,7 +63,10 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 
     assert set(CAUGHT) == set(zoo.MUTANTS)
     clauses = {c for s in catalogue.select(area="data_parallel", profile="standard") for c in s.clauses}
-    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"D{i}" for i in range(1, 15)}
+    from conformance.mutants.independent import data_parallel as independent  # issue 30: D15, D16
+
+    own = {cls.clause for cls in zoo.MUTANTS.values()}
+    assert own | {cls.clause for cls in independent.MUTANTS.values()} == clauses == {f"D{i}" for i in range(1, 17)}
     quick = {c for s in catalogue.select(area="data_parallel", profile="quick") for c in s.clauses}
     assert quick == clauses, "the quick profile keeps one scenario per clause (in-process: cheap)"
 
