@@ -119,6 +119,9 @@ class OptimizerSpec:
     # `gradient_clipping`, `OSS.clip_grad_norm`), the oracle clips the global norm.
     lr: float | None = None
     clip: float | None = None  # max global L2 norm of the averaged gradients before each step
+    # Micro-batches per optimizer step (the scenario's; all but the last inside no_sync()): an engine
+    # that accumulates by itself (DeepSpeed's gradient_accumulation_steps) is configured with it.
+    micro_batches: int = 1
 
     def build(self, params) -> object | None:
         from conformance.models.data import make_optimizer

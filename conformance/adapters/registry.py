@@ -36,6 +36,7 @@ ENGINE_ADAPTERS: dict[str, str] = {
     "torch-replicate": "conformance.adapters.engines.torch_replicate:torch_replicate",
     "torch-ddp-powersgd": "conformance.adapters.engines.powersgd:torch_ddp_powersgd",
     "pfn-ddp": "conformance.adapters.engines.pfn:pfn_ddp",
+    "deepspeed-zero0": "conformance.adapters.engines.deepspeed_stage0:deepspeed_zero0",
     "deepspeed-zero1": "conformance.adapters.engines.deepspeed:deepspeed_zero1",
     "deepspeed-zero2": "conformance.adapters.engines.deepspeed:deepspeed_zero2",
     "deepspeed-zero3": "conformance.adapters.engines.deepspeed:deepspeed_zero3",

@@ -40,7 +40,8 @@ def run(payload, ctx) -> dict:
     )
     t0 = time.perf_counter()
     if "optimizer" in owns:  # protocol v2: the engine builds (and steps) its own optimizer
-        wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=OptimizerSpec(scenario.optimizer))
+        spec = OptimizerSpec(scenario.optimizer, micro_batches=scenario.micro_batches)
+        wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
     else:
         wrapped = adapter.wrap(model, ctx, scenario.options)
     record["seconds"]["wrap"] = time.perf_counter() - t0

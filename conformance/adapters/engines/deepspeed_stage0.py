@@ -1,0 +1,144 @@
+"""`deepspeed-zero0`: DeepSpeed's engine without ZeRO (stage 0), owning backward and the step.
+
+Stage 0 is DeepSpeed's plain data parallelism, and the one stage that needs its own backward:
+`engine.backward(loss)` scales the loss for gradient accumulation and all-reduces at the
+accumulation boundary; `engine.step()` counts micro-steps and steps the optimizer only at the
+boundary. So the adapter owns "backward" and "optimizer" (protocol v2): the suite's micro-batches
+are DeepSpeed's `gradient_accumulation_steps` (the scenario's micro-batches per step, passed as
+`OptimizerSpec.micro_batches`), and `no_sync()` is not DeepSpeed's context manager but nothing at
+all — the engine decides from its micro-step counter, as in a user's loop:
+
+    for micro in range(gas):
+        loss = engine(x)
+        engine.backward(loss)   # all-reduce at the boundary only
+        engine.step()           # optimizer step at the boundary only
+
+Declared: micro-batches accumulate as a MEAN — DeepSpeed's documented gradient accumulation
+divides the loss by `gradient_accumulation_steps` before backward (engine.backward,
+`scale_wrt_gas=True`). The oracle divides each micro-batch's gradient instead; both are the same
+bits when the count is a power of two, so other counts are skipped with that reason.
+Not run yet: bf16/fp16 configs (fp32 master weights and DeepSpeed's loss scaler need their own
+oracle) — scenarios in half precision are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from torch import Tensor, nn
+
+from conformance.adapters.engines import probe, production_features
+from conformance.adapters.engines.deepspeed import INSTALL, UNSUPPORTED, _cpu, _no_jit_shm_op
+from conformance.adapters.protocol import OptimizerSpec
+from conformance.semantics import Accumulation, Semantics
+from conformance.spec import Capability as C
+
+SEMANTICS = Semantics(
+    accumulation=Accumulation.MEAN,
+    sources=("DeepSpeed engine.backward: with gradient_accumulation_steps > 1 the loss is divided by "
+             "gradient_accumulation_steps before backward (scale_wrt_gas=True); engine.step() steps at the "
+             "accumulation boundary only",),
+)
+
+
+class _EngineStep:
+    """What the runner steps and zeroes: DeepSpeed's `engine.step()` (it zeroes the gradients itself)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """engine.step() already cleared the gradients at the boundary."""
+
+    def state_dict(self):
+        return self.engine.optimizer.state_dict()
+
+
+class DeepSpeedStage0Wrapped:
+    def __init__(self, engine):
+        self.engine = engine
+        self.module = engine.module
+        self.optimizer = _EngineStep(engine)
+
+    def __call__(self, *inputs, **kwargs):
+        return self.engine(*inputs, **kwargs)
+
+    def no_sync(self):
+        return contextlib.nullcontext()  # the engine's micro-step counter decides where the boundary is
+
+    def backward(self, loss) -> None:
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        self.engine.backward(loss)
+        if not boundary:
+            self.engine.step()  # a micro-step: counted, no optimizer step (DeepSpeed's loop calls it every micro-batch)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.engine.zero_grad()
+
+    def full_gradients(self) -> dict[str, Tensor | None]:
+        return {n: _cpu(p.grad) for n, p in self.module.named_parameters() if p.requires_grad}
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        return {n: _cpu(p) for n, p in self.module.named_parameters()}
+
+    def full_buffers(self) -> dict[str, Tensor]:
+        return {n: _cpu(b) for n, b in self.module.named_buffers()}
+
+    def optimizer_parameters(self):
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+
+class DeepSpeedStage0Adapter:
+    name, area = "deepspeed-zero0", "ddp"
+    owns = frozenset({"optimizer", "backward"})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUFFER_BROADCAST})
+    semantics = SEMANTICS
+
+    def __init__(self):
+        self.version, self._why = probe("deepspeed", "deepspeed", INSTALL)
+
+    def unavailable(self, scenario) -> str | None:
+        if self._why:
+            return self._why
+        if scenario.optimizer == "none":
+            return "DeepSpeed's engine needs an optimizer"
+        mb = scenario.micro_batches
+        if mb & (mb - 1):
+            return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
+                    "the oracle divides each gradient; the same bits only for powers of two")
+        if scenario.dtype in ("float16", "bfloat16"):
+            return "DeepSpeed's bf16/fp16 (fp32 master weights, its loss scaler) is not modelled by the oracle yet"
+        if scenario.zero_grad == "alternate":
+            return "engine.step() clears the gradients itself: zero_grad(set_to_none=False) has no engine equivalent"
+        return production_features(scenario, {**UNSUPPORTED, "save_load_at": "DeepSpeed's save_checkpoint/"
+                                               "load_checkpoint round trip is not wired into this adapter yet"})
+
+    def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedStage0Wrapped:
+        import deepspeed
+
+        os.environ.setdefault("LOCAL_RANK", str(ctx.rank))
+        os.environ.setdefault("RANK", str(ctx.rank))
+        os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
+        _no_jit_shm_op()
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": optimizer.micro_batches,
+            "gradient_clipping": float(optimizer.clip or 0.0),
+            "zero_optimization": {"stage": 0},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        torch_optimizer = optimizer.build([p for p in module.parameters() if p.requires_grad])
+        with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - its banner and config dump
+            engine, _, _, _ = deepspeed.initialize(
+                model=module, optimizer=torch_optimizer, config=config, dist_init_required=False,
+            )
+        return DeepSpeedStage0Wrapped(engine)
+
+
+def deepspeed_zero0() -> DeepSpeedStage0Adapter:
+    return DeepSpeedStage0Adapter()
