@@ -17,8 +17,8 @@ import statistics
 import time
 
 from conformance import catalogue
-from conformance.harness.context import choose_topology
 from conformance.harness.pool import RankPool
+from conformance.topology import choose_topology
 
 TASK = "conformance.runners.ddp:run"
 

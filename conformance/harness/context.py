@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# Where ranks run is decided below the harness (the area registry and the pipeline ask it too);
-# imported here so `conformance.harness.context.Topology` keeps naming it.
-from conformance.topology import Topology, choose_topology  # noqa: F401
+# Where ranks run (`Topology`, `choose_topology`) is decided below the harness, in
+# conformance/topology.py: the area registry and the pipeline ask it too.
+from conformance.topology import Topology
 
 
 @dataclass

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
-from conformance.harness.context import Topology
 from conformance.harness.service import STACK_SIGNAL, Op, recv, send, serve
+from conformance.topology import Topology
 
 STARTUP_TIMEOUT_S = float(os.environ.get("GRADPARITY_STARTUP_TIMEOUT", "60"))
 ERROR_GRACE_S = 3.0  # how long the other ranks get to answer once one rank has failed

@@ -45,10 +45,11 @@ from conformance.adapters import registry
 from conformance.cli import OneLineParser
 from conformance.expectations import ends_world
 from conformance.failure import Classified, FailureClass
-from conformance.harness.context import RankContext, Topology, configure_rank_threads
+from conformance.harness.context import RankContext, configure_rank_threads
 from conformance.harness.pool import RankFailure, TaskOutcome
 from conformance.pipeline import Case, CaseResult, run_case
 from conformance.plan import make_plan
+from conformance.topology import Topology
 from conformance.validation import UsageError
 
 

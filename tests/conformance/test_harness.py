@@ -3,8 +3,8 @@ reported within the timeout, and the next task passes on a fresh group."""
 
 import pytest
 
-from conformance.harness.context import choose_topology
 from conformance.harness.pool import PoolState, RankPool
+from conformance.topology import choose_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("harness")]
 PROBE = "conformance.harness.probes:"

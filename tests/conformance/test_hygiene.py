@@ -7,8 +7,8 @@ import tempfile
 
 import pytest
 
-from conformance.harness.context import choose_topology
 from conformance.harness.pool import PoolManager
+from conformance.topology import choose_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hygiene")]
 PROBE = "conformance.harness.probes:"

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from conformance.harness.context import choose_topology
 from conformance.harness.network import listeners_of, loopback_env
 from conformance.harness.pool import RankPool
+from conformance.topology import choose_topology
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp (Linux)")
 
