@@ -114,9 +114,11 @@ def tensor_diff(base: torch.Tensor | None, new: torch.Tensor | None, rule: dict)
     else:
         differing = int((base != new).sum())
     b, n = base.double(), new.double()
-    diff = (b - n).abs().nan_to_num(math.inf)
+    same = (b == n) | (b.isnan() & n.isnan())  # inf against inf, NaN against NaN: no difference to weigh
+    diff = torch.where(same, torch.zeros_like(b), (b - n).abs().nan_to_num(math.inf))
     scale = torch.maximum(b.abs(), n.abs()).nan_to_num(math.inf)
     rel = torch.where(diff == 0, torch.zeros_like(diff), diff / scale.clamp_min(torch.finfo(torch.float64).tiny))
+    rel = torch.where(diff.isinf(), diff, rel)  # NaN or inf against a number: infinitely far
     out.update(differing=differing, numel=base.numel(), max_ulps=_num(ulps.max()) if ulps.numel() else 0.0,
                max_abs=_num(diff.max()) if diff.numel() else 0.0, max_rel=_num(rel.max()) if rel.numel() else 0.0)
     ok = accepts(rule, base, new) if floating else differing == 0
@@ -212,7 +214,10 @@ def compare(base: Recording, new: Recording, *, adapters=None) -> dict:
     cases, not_run = [], []
     for label, bid, nid in common:
         b, n = base.cases[bid], new.cases[nid]
-        if not b["entries"] and not n["entries"]:
+        if (not b["entries"] or not n["entries"]) and "skipped" in (b["verdict"], n["verdict"]) \
+                or not b["entries"] and not n["entries"]:
+            # Skipped on a side (a capability, a device), or no tensor on either: nothing to weigh, listed.
+            # A side that ran and recorded nothing else (it raised, a rank died) is compared: beyond.
             not_run.append({"case": label, "verdicts": [b["verdict"], n["verdict"]]})
             continue
         cases.append({"case": label, "base_case": bid, "new_case": nid} | compare_case(b, n))
@@ -283,8 +288,9 @@ def render_text(doc: dict, tolerance: str) -> list[str]:
             lines.append(f"{len(doc[key])} case(s) {what}: {', '.join(doc[key][:20])}"
                          + (f" ... and {len(doc[key]) - 20} more" if len(doc[key]) > 20 else ""))
     if doc["not_run"]:
-        lines.append(f"{len(doc['not_run'])} common case(s) ran on neither side (skipped): "
-                     + ", ".join(c["case"] for c in doc["not_run"][:10]) + (" ..." if len(doc["not_run"]) > 10 else ""))
+        lines.append(f"{len(doc['not_run'])} common case(s) not compared (skipped on a side, or no tensor on either): "
+                     + ", ".join(f"{c['case']} ({' / '.join(c['verdicts'])})" for c in doc["not_run"][:10])
+                     + (" ..." if len(doc["not_run"]) > 10 else ""))
     return lines
 
 

@@ -47,6 +47,11 @@ def test_a_tensor_is_bitwise_within_or_beyond_the_oracles_rule():
     assert tensor_diff(base, moved, BITWISE)["status"] == "beyond"  # an exact scenario accepts no drift
     zero = torch.tensor([1.0, 2.0, -0.0])  # other bits, equal values: the oracle's bitwise rule accepts it
     assert tensor_diff(base, zero, BITWISE)["status"] == "within"
+    specials = torch.tensor([float("nan"), float("inf"), 1.0])
+    d = tensor_diff(specials, specials.clone(), ELEMENTWISE)  # other NaN bits are no difference to weigh
+    assert (d["max_ulps"], d["max_rel"], d["max_abs"]) == (0.0, 0.0, 0.0)
+    d = tensor_diff(specials, torch.tensor([1.0, float("inf"), 1.0]), ELEMENTWISE)
+    assert (d["max_ulps"], d["max_rel"], d["status"]) == ("inf", "inf", "beyond")
     assert tensor_diff(None, base, ELEMENTWISE)["why"] == "None in BASE, a tensor in NEW"
     assert "in BASE" in tensor_diff(base, base.double(), ELEMENTWISE)["why"]
     norm = {"kind": "norm", "norm_rtol": 0.01, "atol": 0.0}
@@ -108,6 +113,20 @@ def test_a_run_that_stopped_early_is_beyond_and_one_sided_cases_are_listed(tmp_p
     assert doc["cases"][0]["max_ulps"] == 0.0  # nothing to weigh: no ulps made up for a missing tensor
     assert exit_status(doc, "oracle") == 1
     assert "parts at step 0 step, param w (recorded in BASE only)" in "\n".join(render_text(doc, "oracle"))
+
+
+def test_a_case_skipped_on_one_side_is_listed_not_weighed(tmp_path):
+    from conformance.pipeline import CaseResult
+
+    base = open_recording(record_dir(tmp_path / "a", {"torch-ddp": two_ranks(), "refimpl-ddp": two_ranks()}))
+    rec = Recorder(str(tmp_path / "b"))
+    rec.start({})
+    rec.add(*result_of(Case(SCENARIO, "torch-ddp"), two_ranks()))
+    rec.add(CaseResult(Case(SCENARIO, "refimpl-ddp"), "skipped", "lacks capability: no_sync"))
+    rec.finish({})
+    doc = compare(base, open_recording(str(tmp_path / "b")))
+    assert doc["not_run"] == [{"case": "refimpl-ddp|ddp/fake/mlp/w2/fp32", "verdicts": ["passed", "skipped"]}]
+    assert doc["summary"]["compared"] == 1 and exit_status(doc, "bitwise") == 0
 
 
 def test_two_adapters_of_one_recording_pair_by_scenario(tmp_path):
