@@ -181,7 +181,7 @@ def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol
 
 def _oracle_summary(baseline: Baseline, tol: Tolerance, anchored: bool) -> dict:
     """Which rule judged the case, and the widest envelope it used (for the report)."""
-    widest_abs = widest_ulps = 0.0
+    widest_abs = widest_u = 0.0
     envelopes = 0
     for event in baseline.events:
         for values in event.per_rank:
@@ -189,8 +189,8 @@ def _oracle_summary(baseline: Baseline, tol: Tolerance, anchored: bool) -> dict:
                 if isinstance(v, Envelope):
                     envelopes += 1
                     a, u = v.spread()
-                    widest_abs, widest_ulps = max(widest_abs, a), max(widest_ulps, u)
+                    widest_abs, widest_u = max(widest_abs, a), max(widest_u, u)
             break  # every rank expects the same envelope objects after a synced backward
     return {"rule": tol.describe(), "kind": tol.kind, "reason": tol.reason,
             "steps": "re-anchored on the engine's state" if anchored else "straight through",
-            "envelopes": envelopes, "largest_bound_abs": widest_abs, "largest_bound_ulps": widest_ulps}
+            "envelopes": envelopes, "largest_bound_abs": widest_abs, "largest_bound_u": widest_u}

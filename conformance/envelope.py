@@ -115,6 +115,8 @@ class Envelope:
     candidates: Tensor | None = None
     center: Tensor | None = None
     radius: Tensor | None = None
+    magnitude: Tensor | None = None  # Σ|x_i| per element, float64 (the scale of the sum's rounding)
+    unit: float = 2.0**-24  # unit roundoff of the dtype the sum is rounded in
 
     # Tensor-like surface used by the comparison (dtype and shape checks) and by reports.
     @property
@@ -161,7 +163,7 @@ class Envelope:
         return value, best
 
     def spread(self) -> tuple[float, float]:
-        """The widest element of the envelope: (absolute width, width in ulps of the reference's dtype)."""
+        """The widest element of the envelope: (absolute width, width in units of u·Σ|x_i|)."""
         widths = []
         if self.candidates is not None:
             c = self.candidates.double()
@@ -171,8 +173,9 @@ class Envelope:
         if not widths or self.reference.numel() == 0:
             return 0.0, 0.0
         w = torch.stack(widths).max(0).values
-        ulps = w / ulp(self.reference)
-        return float(w.max()), float(ulps.max())
+        scale = (self.unit * self.magnitude).clamp_min(torch.finfo(torch.float64).tiny)
+        relative = torch.where(self.magnitude > 0, w / scale, torch.zeros_like(w))
+        return float(w.max()), float(relative.max())
 
 
 def reference(value):
@@ -253,7 +256,9 @@ def reduce(grads: list[Tensor | None], divisor: int, tol) -> Tensor | Envelope |
     if n <= MAX_ENUMERATED:
         trees = len(summation_trees(list(range(n))))
         formula = f"bitwise to one of the {trees} summation trees of {n} shares (1/W: {places}; {len(sums)} candidates)"
-        return Envelope(reference, "summation-order", formula, candidates=candidates)
+        return Envelope(reference, "summation-order", formula, candidates=candidates,
+                        magnitude=sequential([g.double().abs() / divisor for g in grads]),
+                        unit=UNIT_ROUNDOFF[dtype_name(reference.dtype)])
     env = _bound(grads, reference, divisor, tol)
     env.rule, env.candidates = "summation-order", candidates
     env.formula = f"bitwise to a ring order of {n} shares, or {env.formula}"
@@ -276,4 +281,4 @@ def _bound(grads, reference, divisor, tol) -> Envelope:
     slack = 4 * n * 2.0**-53  # the float64 centre's own rounding
     radius = (gamma(m, u) + slack) * magnitude + m * n * eta
     formula = f"|ŝ-s| <= γ_{m}·Σ|x_i| + {m}·{n}·η, γ_{m} = {m}u/(1-{m}u), u = 2^{int(math.log2(u))} ({sum_dtype})"
-    return Envelope(reference, "derived-bound", formula, center=center, radius=radius)
+    return Envelope(reference, "derived-bound", formula, center=center, radius=radius, magnitude=magnitude, unit=u)

@@ -91,7 +91,7 @@ def _matrix(results: list[dict], adapters: list[str], area: str = "") -> str:
                 first += " | declared: " + "; ".join(declared)
             oracle = (r.get("details") or {}).get("oracle")
             if oracle:  # which rule judged it, the widest envelope, the straight-through check
-                first += (f" | rule: {oracle['rule']}; widest envelope {oracle['largest_bound_ulps']:.3g} ulps"
+                first += (f" | rule: {oracle['rule']}; widest envelope {oracle['largest_bound_u']:.3g}·u·Σ|x_i|"
                           f"; straight through: {oracle.get('straight_through', 'not run')}")
             mark = " ◆" if declared else ""
             note = ""

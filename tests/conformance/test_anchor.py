@@ -55,7 +55,7 @@ def test_a_correct_engine_passes_and_the_report_names_the_rule():
     checked = _judge(s, _records(baseline.compute(s)))
     oracle = checked.details["oracle"]
     assert oracle["kind"] == "summation-order" and oracle["steps"].startswith("re-anchored")
-    assert oracle["envelopes"] > 0 and oracle["largest_bound_ulps"] >= 1
+    assert oracle["envelopes"] > 0 and 0 < oracle["largest_bound_u"] < 8  # a few roundings of the shares
     assert oracle["straight_through"].startswith("within band")
 
 
