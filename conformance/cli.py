@@ -152,7 +152,7 @@ def cmd_list(args) -> int:
     from rich.markup import escape  # "[pytorch/pytorch#N]" is not rich markup: show it
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = Console(width=None if sys.stdout.isatty() else 200, emoji=False)  # user strings stay text
     table = Table(title=f"scenarios (profile {args.profile})")
     table.add_column("id", no_wrap=True)  # ids are copied into --scenario: never truncate them
     for col in ("profiles", "requires", "tolerance", "about"):
@@ -168,9 +168,10 @@ def cmd_list(args) -> int:
     for name in sorted(registry.known_adapters()):
         try:
             a = registry.load(name)
-            adapters.add_row(name, a.area, str(getattr(a, "version", "")), ", ".join(sorted(c.value for c in a.capabilities)))
+            adapters.add_row(escape(name), a.area, escape(str(getattr(a, "version", ""))),
+                             ", ".join(sorted(c.value for c in a.capabilities)))
         except Exception as exc:  # an optional dependency may be missing: say so, keep listing
-            adapters.add_row(name, "?", "unavailable", str(exc).splitlines()[0][:80])
+            adapters.add_row(escape(name), "?", "unavailable", escape(str(exc).splitlines()[0][:80]))
     console.print(adapters)
     return 0
 

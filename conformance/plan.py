@@ -73,7 +73,7 @@ def make_plan(selection: Selection) -> Plan:
             case = Case(scenario, spec)
             skip, xfail = _capability_skip(adapter, scenario), None
             for index, e in enumerate(expectations):
-                if (e.owner is None or e.owner == adapter.name) and _matches(e.entry, case):
+                if (e.owner is None or e.owner == adapter.name) and _matches(e.entry, case, adapter.name):
                     hit.add(index)
                     if e.kind == "skip":
                         skip = skip or e.reason
@@ -81,7 +81,7 @@ def make_plan(selection: Selection) -> Plan:
                         xfail = e.reason
             plan.cases.append(Case(scenario, spec, skip=skip, xfail=xfail))
     for index, e in enumerate(expectations):
-        if index not in hit and _could_run_here(e.entry, selection):
+        if index not in hit and _could_run_here(e.entry, selection, adapters):
             plan.unmatched.append(f"{e.source}: {e.kind} entry {e.entry!r} matches no collected case")
     return plan
 
@@ -120,21 +120,30 @@ def _capability_skip(adapter, scenario) -> str:
     return f"{adapter.name}: {reason}" if reason else ""
 
 
-def _matches(entry: str, case: Case) -> bool:
-    """A case id, or a pytest node id whose parameter is the case id."""
-    return entry == case.id or entry.endswith(f"[{case.id}]")
+def _matches(entry: str, case: Case, name: str = "") -> bool:
+    """A case id, or a pytest node id whose parameter is the case id; the adapter may be named by
+    its spec (`pkg.module:factory`, as in the case id) or by its `name` (`my-engine|ddp/...`)."""
+    ids = {case.id} | ({f"{name}{CASE_SEPARATOR}{case.scenario.id}"} if name else set())
+    return any(entry == i or entry.endswith(f"[{i}]") for i in ids)
 
 
-def _could_run_here(entry: str, selection: Selection) -> bool:
-    """Built-in lists name cases of every profile: only warn for entries this selection could have run."""
+def _could_run_here(entry: str, selection: Selection, adapters: dict | None = None) -> bool:
+    """Built-in lists name cases of every profile: only warn for entries this selection could have run.
+
+    Under `--scenario`, an entry for one of the selected scenarios that matched nothing is a
+    warning too (a misspelt adapter, say); entries for other scenarios are not.
+    """
     case = entry.rsplit("[", 1)[-1].rstrip("]") if entry.endswith("]") else entry
     adapter = case.split(CASE_SEPARATOR, 1)[0] if CASE_SEPARATOR in case else None
-    if adapter and adapter not in selection.specs:
+    names = {a.name for a in (adapters or {}).values()}
+    if adapter and adapter not in selection.specs and adapter not in names:
         return False
     scenario_id = case.split(CASE_SEPARATOR, 1)[-1]
     scenario = next((s for s in catalogue.all_scenarios() if s.id == scenario_id), None)
     if scenario is None:
         return True  # names no scenario at all: a stale entry
-    if selection.ids or (selection.areas and scenario.area not in selection.areas):
+    if selection.ids:
+        return scenario_id in selection.ids
+    if selection.areas and scenario.area not in selection.areas:
         return False
     return selection.profile in scenario.profiles and (not selection.world_sizes or scenario.world_size in selection.world_sizes)

@@ -287,7 +287,7 @@ def print_table(doc: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(emoji=False)  # user strings (specs, messages) are never rich emoji codes
     table = Table(title=f"mutant zoo: detection table (area {doc.get('area', 'ddp')}, profile {doc['profile']})",
                   show_lines=True)
     for col, ratio in (("mutant", 2), ("bug", 3), ("verdict", 1), ("caught by", 6)):
@@ -321,7 +321,7 @@ def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradpar
     """Run the zoo of `area`; returns (exit status, the zoo document written to zoo.json)."""
     from rich.console import Console
 
-    console = console or Console()
+    console = console or Console(emoji=False)  # user strings (specs, messages) are never rich emoji codes
     area_zoo = zoo_mutants.area_zoo(area, which)
     chosen = {n: area_zoo.mutants[n] for n in (mutants or area_zoo.mutants)}
     controls = list(controls or area_zoo.controls)

@@ -22,7 +22,9 @@ BAD = ("failed", "error", "xpassed")
 
 def print_summary(terminalreporter, results: list[dict], written: dict | None, unmatched: list[str], *,
                   stopped: str = "") -> None:
-    console = Console(file=terminalreporter._tw._file, force_terminal=None, width=max(100, terminalreporter._tw.fullwidth))
+    # emoji=False: user strings (adapter specs like `pkg.mod:factory:`, reasons) are never rich codes.
+    console = Console(file=terminalreporter._tw._file, force_terminal=None, width=max(100, terminalreporter._tw.fullwidth),
+                      emoji=False)
     render(console, results, written, unmatched, stopped=stopped)
 
 
@@ -45,7 +47,7 @@ def render(console: Console, results: list[dict], written: dict | None, unmatche
             state = "[yellow]incomplete[/]"
         else:
             state = "[green]conformant[/]"
-        table.add_row(adapter, *(str(counts[v]) for v in COLUMNS), state)
+        table.add_row(escape(adapter), *(str(counts[v]) for v in COLUMNS), state)
     if results:
         console.print(table)
     for r in results:
@@ -63,4 +65,4 @@ def render(console: Console, results: list[dict], written: dict | None, unmatche
 def print_run_summary(results: list[dict], written: dict | None, unmatched: list[str], console=None, *,
                       stopped: str = "") -> None:
     """The same summary outside pytest (torchrun, scripts): on `console`, or stdout."""
-    render(console or Console(width=120, highlight=False), results, written, unmatched, stopped=stopped)
+    render(console or Console(width=120, highlight=False, emoji=False), results, written, unmatched, stopped=stopped)
