@@ -38,6 +38,10 @@ class Capability(str, enum.Enum):
     JOIN = "join"  # uneven inputs: the wrapper's join() context manager (torch's signature)
     # torch DDP's `mixed_precision=_MixedPrecision(reduce_dtype=...)`: gradients reduced in a lower dtype
     MIXED_PRECISION = "mixed_precision"
+    # sharded engines (issue #26): per-module units of gathering (FSDP's nested wrapping) and
+    # reshard_after_forward=False (FSDP1: SHARD_GRAD_OP)
+    SHARD_UNITS = "shard_units"
+    RESHARD = "reshard_after_forward"
 
     def __str__(self) -> str:  # shows up in skip reasons
         return self.value
@@ -166,6 +170,11 @@ class WrapOptions:
     comm_hook: str | None = None  # "allreduce" | "fp16" | "bf16"
     # mixed_precision=_MixedPrecision(reduce_dtype=<this dtype>): "bfloat16" | "float16"
     reduce_dtype: str | None = None
+    # sharded engines (issue #26): "children" makes each block a unit of its own (a ModuleList's
+    # items, else each direct child with parameters); reshard_after_forward False keeps a unit's
+    # parameters gathered from its forward to the end of backward. None: the engine's default.
+    units: str | None = None
+    reshard_after_forward: bool | None = None
 
     def describe(self) -> str:
         parts = []

@@ -49,6 +49,27 @@ def _broadcast_from_rank0(module: nn.Module, group) -> None:
         dist.broadcast(t.data, src=src, group=group)
 
 
+def unit_modules(module: nn.Module, *, split_shared: bool = True) -> list[nn.Module]:
+    """The blocks a scenario's ``units="children"`` makes units of their own (issue #26).
+
+    A direct child that is a ``ModuleList``/``Sequential`` gives its items, any other direct
+    child with parameters is itself a unit. ``split_shared=False`` keeps modules that share a
+    parameter with another block in the root unit (FSDP2 asks for that: a shared parameter
+    belongs to the common parent's ``fully_shard``).
+    """
+    blocks = []
+    for child in module.children():
+        items = list(child) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [child]
+        blocks += [m for m in items if any(True for _ in m.parameters())]
+    if split_shared:
+        return blocks
+    owners: dict[int, int] = {}
+    for m in blocks:
+        for p in m.parameters():
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [m for m in blocks if all(owners[id(p)] == 1 for p in m.parameters())]
+
+
 # -- refimpl ------------------------------------------------------------------------------------
 class RefimplShardedWrapped:
     """Drives :class:`refimpl.sharded.ShardedDataParallel` through the calls its users make.
@@ -142,16 +163,26 @@ class RefimplZero3Wrapped(RefimplShardedWrapped):
 
 
 
+def refimpl_zero3_kwargs(module: nn.Module, options: WrapOptions) -> dict:
+    kwargs = refimpl_sharded_kwargs(options)
+    if options.units == "children":
+        kwargs["units"] = unit_modules(module)  # the engine owns shared parameters in the common ancestor
+    if options.reshard_after_forward is not None:
+        kwargs["reshard_after_forward"] = options.reshard_after_forward
+    return kwargs
+
+
 class RefimplZero3(RefimplSharded):
     """refimpl's ZeRO-3 engine: one root unit (the suite's scenarios may use rank-dependent
     control flow, which per-unit all-gathers cannot serve: see the engine's notes)."""
 
     name = "refimpl-zero3"
+    capabilities = RefimplSharded.capabilities | {C.SHARD_UNITS, C.RESHARD}
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions, optimizer=None) -> RefimplZero3Wrapped:
         from refimpl.sharded.zero3 import FullyShardedDataParallel
 
-        fsdp = FullyShardedDataParallel(module, process_group=ctx.group, **refimpl_sharded_kwargs(options))
+        fsdp = FullyShardedDataParallel(module, process_group=ctx.group, **refimpl_zero3_kwargs(module, options))
         return RefimplZero3Wrapped(fsdp, sharded_optimizer(fsdp, optimizer))
 
 
@@ -223,7 +254,9 @@ class TorchFSDP:
 
     name = "torch-fsdp"
     area = "sharded"
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION})
+    # RESHARD: reshard_after_forward=False is ShardingStrategy.SHARD_GRAD_OP; no nested units
+    # here (the adapter reads the local no_sync() gradient from the root's flat parameter).
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.RESHARD})
     version = torch.__version__
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDPWrapped:
@@ -235,9 +268,12 @@ class TorchFSDP:
         on_gpu = ctx.device.type == "cuda"
         if not on_gpu:
             _broadcast_from_rank0(module, ctx.group)
+        from torch.distributed.fsdp import ShardingStrategy
+
+        strategy = ShardingStrategy.SHARD_GRAD_OP if options.reshard_after_forward is False else ShardingStrategy.FULL_SHARD
         fsdp = FSDP(
             module, process_group=ctx.group, device_id=ctx.device,
-            use_orig_params=True, sync_module_states=on_gpu,
+            use_orig_params=True, sync_module_states=on_gpu, sharding_strategy=strategy,
         )
         return FSDPWrapped(fsdp)
 
@@ -272,7 +308,12 @@ class FSDP2Wrapped:
             self.module.set_requires_gradient_sync(True)
 
     def _local_accumulated(self) -> dict[str, Tensor | None]:
-        by_param = compat.fsdp2_unsharded_grads(self.module)
+        from torch.distributed.fsdp import FSDPModule
+
+        by_param: dict[int, Tensor | None] = {}
+        for m in self.module.modules():  # every unit's own parameters (nested fully_shard)
+            if isinstance(m, FSDPModule):
+                by_param.update(compat.fsdp2_unsharded_grads(m))
         return {n: _cpu(by_param.get(id(p))) for n, p in self.module.named_parameters() if p.requires_grad}
 
     def full_gradients(self) -> dict[str, Tensor | None]:
@@ -318,7 +359,7 @@ class TorchFSDP2:
 
     name = "torch-fsdp2"
     area = "sharded"
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.SHARD_UNITS, C.RESHARD})
     version = torch.__version__
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDP2Wrapped:
@@ -326,7 +367,11 @@ class TorchFSDP2:
 
         _broadcast_from_rank0(module, ctx.group)  # construction-time sync, as FSDP2's users must
         mesh = DeviceMesh.from_group(ctx.group, ctx.device.type)
-        _fully_shard()(module, mesh=mesh)
+        reshard = {} if options.reshard_after_forward is None else {"reshard_after_forward": options.reshard_after_forward}
+        if options.units == "children":  # bottom-up, as FSDP2's docs wrap a model: blocks, then the root
+            for block in unit_modules(module, split_shared=False):
+                _fully_shard()(block, mesh=mesh, **reshard)
+        _fully_shard()(module, mesh=mesh, **reshard)
         return FSDP2Wrapped(module)
 
     def unavailable(self, scenario: Scenario) -> str | None:

@@ -102,4 +102,54 @@ def scenarios() -> list[Scenario]:
             # FSDP's gradient pre-/post-divide factors: the envelope is the union (conformance.envelope).
             s = s.with_(tolerance=replace(s.tolerance, divide=("pre", "post", "split")))
         out.append(s.with_(clauses=clauses_of(s)))
+    return out + fsdp_depth_scenarios()
+
+
+# -- issue 26: the dimensions FSDP2's own tests cover --------------------------------------------
+# Options that change *where* values live and when they are gathered, never what they are: the
+# oracle is the plain data-parallel one, so every scenario here is judged like `plain`, shard by
+# shard (S12) as well. FSDP2's tests run them at 4-8 ranks; tiny models keep w8 on 2 cores.
+def fsdp_depth_scenarios() -> list[Scenario]:
+    from conformance.catalogue.ddp_scenario import make
+    from conformance.catalogue.profiles import FULL, STANDARD
+    from conformance.spec import WrapOptions
+
+    nested = WrapOptions(units="children", reshard_after_forward=True)
+    kept = WrapOptions(units="children", reshard_after_forward=False)
+    root_kept = WrapOptions(reshard_after_forward=False)
+    tiny = {"width": 4}
+    extra = frozenset({C.SHARD_UNITS, C.RESHARD})
+
+    def m(name, model, **kw):
+        options = kw.get("options", WrapOptions())
+        need = ({C.SHARD_UNITS} if options.units else set()) | (
+            {C.RESHARD} if options.reshard_after_forward is False else set())
+        s = make(name, model, area="sharded", extra_requires=frozenset(need), **kw)
+        if s.tolerance.kind in ("summation-order", "derived-bound"):
+            s = s.with_(tolerance=replace(s.tolerance, divide=("pre", "post", "split")))
+        return s.with_(clauses=clauses_of(s) + ("S13",))
+
+    out = [
+        # reshard_after_forward True / False; nested per-block units vs root only
+        m("nested-reshard", "mlp", w=2, steps=3, options=nested, profiles=STANDARD),
+        m("nested-reshard", "mlp", w=4, steps=2, options=nested, profiles=STANDARD),
+        m("nested-no-reshard", "mlp", w=4, steps=2, options=kept, profiles=STANDARD),
+        m("root-no-reshard", "mlp", w=2, steps=2, options=root_kept, profiles=STANDARD),
+        m("nested-reshard", "transformer", w=2, optimizer="adam", options=nested, profiles=STANDARD),
+        # accumulation without sync (set_requires_gradient_sync(False)) across resharded units
+        m("nested-no-sync", "mlp", w=2, micro_batches=3, options=nested, profiles=STANDARD),
+        m("nested-no-sync", "mlp", w=4, micro_batches=2, options=kept, profiles=FULL),
+        # a module called twice in one forward, and a parameter shared between two units (an
+        # engine must own it in their common ancestor: FSDP2's rule, refimpl's too)
+        m("nested-reshard", "tied", w=2, options=nested, profiles=STANDARD),
+        # uneven shards: dimensions 3 and 17 at w4, a vocab of 4W+1 at w8 (empty shards at w8)
+        m("uneven-dims", "mlp", w=4, options=nested, model_kwargs={"width": 17, "d_out": 3},
+          profiles=STANDARD),
+        m("vocab-4w+1", "embedding", w=8, options=nested, model_kwargs={"vocab": 33, "dim": 3}, profiles=FULL),
+        m("nested-reshard", "mlp", w=8, options=nested, model_kwargs=tiny, profiles=FULL),
+        # a delay on one rank before backward / before the optimizer step
+        m("skew-backward", "mlp", w=4, options=nested, skew="backward", profiles=STANDARD),
+        m("skew-step", "mlp", w=4, options=nested, skew="step", profiles=FULL),
+    ]
+    assert all(s.requires & extra or s.options.units is None for s in out)
     return out

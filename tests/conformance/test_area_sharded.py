@@ -19,7 +19,14 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
     assert not any(s.options.comm_hook or s.options.static_graph or s.options.gradient_as_bucket_view for s in full)
     assert not any(C.SPARSE in s.requires for s in full)
     ddp_ids = {s.id.replace("ddp/", "sharded/", 1) for s in catalogue.select(area="ddp", profile="full")}
-    assert {s.id for s in full} <= ddp_ids
+    from conformance.catalogue.sharded import (
+        fsdp_depth_scenarios,  # issue 26's block: FSDP-only options
+    )
+
+    depth = {s.id for s in fsdp_depth_scenarios()}
+    assert {s.id for s in full} - depth <= ddp_ids
+    assert all(s.options.units or s.options.reshard_after_forward is False or "skew" in s.id
+               for s in fsdp_depth_scenarios())
     assert all(C.BUFFER_BROADCAST in s.requires for s in full if s.model in ("buffered", "cnn-bn"))
     assert {s.world_size for s in catalogue.select(area="sharded", profile="standard")} == {1, 2, 3, 4}
     quick = catalogue.select(area="sharded", profile="quick")
@@ -65,7 +72,7 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 
     standard = catalogue.select(area="sharded", profile="standard")
     clauses = {c for s in standard for c in s.clauses}
-    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 13)}
+    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 14)}
     assert _get("sharded/plain/mlp/w3/fp32").clauses.count("S3") == 1  # padded shards at w3
     assert "S12" in _get("sharded/plain/mlp/w3/fp32").clauses  # and their local shards (conformance/shards.py)
     assert "S3" not in _get("sharded/plain/mlp/w2/fp32").clauses
@@ -77,6 +84,7 @@ CAUGHT = {
     "floor-chunks": ("sharded/plain/cnn-bn/w2/fp32", "head.bias"),
     "batch-weighted": ("sharded/uneven/mlp/w2/fp32", "rank 0"),
     "padding-not-zero": ("sharded/plain/mlp/w3/fp32", "local grad shard is not its slice"),
+    "stale-regather": ("sharded/nested-reshard/mlp/w2/fp32", "step 1"),
 }
 
 
