@@ -178,3 +178,12 @@ def test_a_recording_that_cannot_be_written_is_an_error_not_a_pass(tmp_path, mon
     result = run_case(Case(SCENARIO, "torch-ddp"), FakeExecutor(), rec)
     assert result.verdict == "error" and result.failure.failure_class.value == "infrastructure"
     assert result.failure.cause.startswith("recording failed: ") and "gone" in result.failure.cause
+
+
+def test_an_unwritable_record_directory_is_bad_input(capsys):
+    from conformance.cli import main
+
+    assert main(["run", "--adapter", "torch-ddp", "--record", "/proc/gradparity/x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gradparity: error: cannot record into '/proc/gradparity/x' (No such file or directory); "
+                   "pass a writable --record DIR"]
