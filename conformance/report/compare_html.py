@@ -65,9 +65,11 @@ def _case(c: dict) -> str:
         f"<td>{_e(t.get('max_ulps'))}</td><td>{_e(t.get('max_rel'))}</td></tr>" for t in c["tensors"][:25])
     more = len(c["tensors"]) - 25 + c.get("more_tensors", 0)
     verdicts = "" if c["verdicts"][0] == c["verdicts"][1] else f" — verdict {_e(c['verdicts'][0])} → {_e(c['verdicts'][1])}"
+    weighed = any(t.get("max_ulps") is not None for t in c["tensors"])
+    size = f"max {_e(c['max_ulps'])} ulps" if weighed else _e(first.get("why", ""))  # nothing to weigh: say why
     return (f"<details {'open' if c['status'] == 'beyond' else ''}><summary><b style='color:{COLOUR[c['status']]}'>"
             f"{_e(c['status'])}</b> <code>{_e(c['case'])}</code> — the runs part at <b>{_e(first['point'])}</b> "
-            f"({_e(first['kind'])} <code>{_e(first['name'])}</code>), max {_e(c['max_ulps'])} ulps{verdicts}</summary>"
+            f"({_e(first['kind'])} <code>{_e(first['name'])}</code>), {size}{verdicts}</summary>"
             f"{plot(c['points'])}<p><small>oracle's rule: {_e(', '.join(c['rules']))}</small></p>"
             "<table><tr><th>point</th><th>tensor</th><th>status</th><th>what</th><th>max ulps</th><th>max rel</th></tr>"
             f"{rows}</table>{f'<p><small>… and {more} more</small></p>' if more > 0 else ''}</details>")

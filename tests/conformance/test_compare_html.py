@@ -43,5 +43,11 @@ def test_the_page_names_where_each_case_parts_and_escapes_what_was_recorded():
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;w&gt;" in page
     assert "the runs part at <b>step 1 backward</b>" in page and "verdict passed → failed" in page
     assert "INCOMPLETE" in page and "1 case(s) recorded in BASE only" in page
+    doc = _doc()
+    gone = doc["cases"][0]["tensors"][0]
+    for key in ("max_ulps", "max_rel"):
+        gone.pop(key)
+    gone["why"] = "recorded in BASE only"
+    assert "(grad <code>&lt;w&gt;</code>), recorded in BASE only — verdict" in render(doc)  # no ulps made up
     for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S):
         ET.fromstring(svg)
