@@ -64,6 +64,10 @@ class Call:
     callback: bool = True
     group: str = "world"  # "world" | "pairs" (ranks 0-1, 2-3, ...) | "self" (a group of one)
     layout: str = "contiguous"  # "contiguous" | "transposed" | "strided": same values, other strides
+    only_round: int | None = None  # issue 30: made in this round only (None: every round)
+
+    def active(self, round_: int) -> bool:
+        return self.only_round is None or self.only_round == round_
 
     @property
     def numel(self) -> int:
@@ -143,9 +147,46 @@ def plan(scenario: Scenario) -> list[Call]:
         for i in range(kw.get("count", 9)):
             calls.append(Call((size(1, 6), size(2, 5)), dtypes[i % len(dtypes)], layout=layouts[i % 3]))
         calls.append(Call((kw.get("big_numel", 800), 2), dtypes[0], layout="transposed"))
+    elif kind in ISSUE30_PLANS:
+        calls = ISSUE30_PLANS[kind](scenario, dtypes, size)
     else:
         raise ValueError(f"scenario {scenario.id}: unknown bucketer plan {kind!r}")
     return calls
+
+
+def must_be_deferred(scenario: Scenario, call: Call, rank: int = 0) -> bool:
+    """Fits a bucket (and has elements): queued, so its callback follows the bucket's FIFO order
+    (rule 4b) - even one of exactly a shard's size, which the implementation may not reduce early."""
+    return call.numel > 0 and not must_be_immediate(scenario, call, rank)
+
+
+# -- issue 30: plans that fill the dimension checklist (docs/contracts/bucketer.md) --------------
+def _plan_idle_bucket(scenario, dtypes, size):
+    """Round 0 uses two buckets (dtypes[1] first), later rounds only dtypes[0]: at their flush a bucket
+    created earlier is idle (how often: zero inputs in one bucket, work in the next)."""
+    calls = [Call((size(1, 6),), dtypes[1], only_round=0)]
+    for i in range(4):
+        calls.append(Call((size(1, 6),), dtypes[0]))
+        if i % 2:
+            calls.append(Call((size(1, 6), 2), dtypes[1], only_round=0))
+    return calls
+
+
+def _plan_exact_fit(scenario, dtypes, size):
+    """Small inputs, then one of exactly one shard's size (deferred: it must not overtake them),
+    then more small ones (inputs: odd sizes at the boundary)."""
+    shard = shard_elements(scenario.options.bucket_cap_mb, dtypes[0], scenario.world_size)
+    return [Call((3,), dtypes[0]), Call((size(1, 5), 2), dtypes[0]), Call((shard,), dtypes[0]),
+            Call((4,), dtypes[0]), Call((shard - 1,), dtypes[0]), Call((2,), dtypes[0])]
+
+
+ISSUE30_PLANS = {"idle-bucket": _plan_idle_bucket, "exact-fit": _plan_exact_fit}
+
+
+def end_of_life_call(scenario: Scenario) -> Call:
+    """The input queued after the last flush when `teardown_queued` is set: `teardown()` must run its
+    callback or refuse loudly (raise), never drop it (issue 30, end of life)."""
+    return Call((3,), scenario.dtype)
 
 
 def chunk(scenario: Scenario, *, round_: int, rank: int, index: int, dest: int, call: Call,
@@ -249,7 +290,32 @@ def scenarios() -> list[Scenario]:
              description="flush before any call and twice at the end; three rounds on one bucketer"),
         make("bf16", "mixed", w=2, cap=TINY, dtypes=("bfloat16", "int32"), profiles=FULL),
     ]
+    out += issue30_scenarios()
     for w in (1, 2, 3, 4):
         for cap in (None, TINY, 0):
             out.append(make("sweep", "mixed", w=w, cap=cap, dtypes=MIXED, count=24, steps=3, profiles=FULL))
     return out
+
+
+def issue30_scenarios() -> list[Scenario]:
+    """Issue 30: the cells of the dimension checklist the scenarios above leave empty (who: a group
+    given by keyword; how often: an idle bucket at flush; inputs: an input of exactly one shard; end
+    of life: teardown() with an input still queued). Quick keeps one at w2 for each."""
+    return [
+        make("idle-bucket", "idle-bucket", w=2, cap=TINY, dtypes=("float32", "float64"), steps=2,
+             teardown_queued=True, clauses=(LIFECYCLE,),
+             description="round 2 leaves the float64 bucket idle; after the last flush one more input is queued "
+                         "and teardown() must run its callback or raise"),
+        make("idle-bucket", "idle-bucket", w=3, cap=TINY, dtypes=("int64", "float16"), steps=3,
+             teardown_queued=True, profiles=STANDARD, clauses=(LIFECYCLE,)),
+        make("exact-fit", "exact-fit", w=2, cap=TINY, clauses=(IMMEDIATE,),
+             description="an input of exactly one shard after smaller ones: deferred, in FIFO order"),
+        make("exact-fit", "exact-fit", w=3, cap=0.001, dtypes=("float64",), steps=2, profiles=STANDARD,
+             clauses=(IMMEDIATE,)),
+        make("keyword-groups", "groups", w=2, cap=TINY, group="self", keyword=True, clauses=(GROUPS, FORMS),
+             description="group= by keyword with a group of one: the keyword must not fall back to WORLD"),
+        make("keyword-groups", "groups", w=4, cap=TINY, group="pairs", keyword=True, dtypes=("float32", "int64"),
+             steps=2, profiles=STANDARD, clauses=(GROUPS, FORMS)),
+        make("only-empty", "only-empty", w=2, clauses=(EMPTY,),
+             description="only zero-element inputs, default cap (quick): callbacks still run exactly once"),
+    ]

@@ -17,7 +17,9 @@ import torch
 from conformance.adapters import registry
 from conformance.catalogue.bucketer import (
     chunk,
+    end_of_life_call,
     group_members,
+    must_be_deferred,
     must_be_immediate,
     plan,
     with_layout,
@@ -73,6 +75,8 @@ def run(payload, ctx) -> dict:
             if idle_flush:  # nothing queued yet: a no-op
                 bucketer.flush()
             for i, call in enumerate(calls):
+                if not call.active(round_):
+                    continue
                 size = len(group_members(call.group, rank, W))
                 inputs = [with_layout(chunk(scenario, round_=round_, rank=rank, index=i, dest=d, call=call,
                                             device=ctx.device), call.layout) for d in range(size)]
@@ -92,7 +96,9 @@ def run(payload, ctx) -> dict:
                 bucketer.flush()
             log.append(("flushed",))
             teardown = getattr(bucketer, "teardown", None)
-            if callable(teardown):
+            if kw.get("teardown_queued") and round_ == scenario.steps - 1 and callable(teardown):
+                _teardown_queued(scenario, bucketer, groups, ctx, round_, len(calls), log, callback)
+            elif callable(teardown):
                 teardown()
             after = {i: [t.detach().to("cpu", copy=True) for t in ts] for i, ts in kept.items()}
             rounds.append({"log": log, "after_flush": after})
@@ -101,6 +107,22 @@ def run(payload, ctx) -> dict:
     # Known-bad bucketers count where their bug changed what the correct one would have done.
     return {"rounds": rounds, "seconds": time.perf_counter() - t0, "error": error,
             "mutation_fired": getattr(bucketer, "mutation_fired", None)}
+
+
+def _teardown_queued(scenario, bucketer, groups, ctx, round_, index, log, callback) -> None:
+    """Issue 30, end of life: one more input queued after the last flush, then `teardown()`.
+    The log says whether teardown raised (refused loudly) or returned."""
+    call = end_of_life_call(scenario)
+    inputs = [chunk(scenario, round_=round_, rank=ctx.rank, index=index, dest=d, call=call, device=ctx.device)
+              for d in range(ctx.world_size)]
+    log.append(("enter", index))
+    bucketer.reduce_scatter_async(inputs, groups["world"], lambda out: callback(out, index))
+    log.append(("return", index))
+    try:
+        bucketer.teardown()
+        log.append(("teardown", "returned"))
+    except Exception as exc:  # noqa: BLE001 - refusing loudly is one of the two right answers
+        log.append(("teardown", f"raised {type(exc).__name__}"))
 
 
 def expected_result(scenario: Scenario, round_: int, rank: int, index: int, call) -> torch.Tensor:
@@ -138,6 +160,10 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
         for round_, rec in enumerate(rounds):
             where = f"round {round_}"
             log = rec["log"]
+            end_of_life = bool(scenario.kwargs().get("teardown_queued")) and round_ == scenario.steps - 1
+            calls = plan(scenario) + ([end_of_life_call(scenario)] if end_of_life else [])
+            eol = len(calls) - 1 if end_of_life else None
+            teardown = next((e[1] for e in log if e[0] == "teardown"), None)
             entered: set[int] = set()
             inside: int | None = None  # the call in progress
             flushed = False
@@ -157,7 +183,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                     call = calls[i]
                     if not call.callback:
                         fail(rank, where, f"a callback ran for call {i}, which passed callback_fn=None")
-                    if flushed:
+                    if flushed and i != eol:
                         fail(rank, where, f"call {i}'s callback ran after flush() returned")
                     if i not in entered:
                         fail(rank, where, f"call {i}'s callback ran before reduce_scatter_async was called for it")
@@ -172,7 +198,15 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                         group = "" if call.group == "world" else f" of its group {members}"
                         fail(rank, where, f"call {i}: the callback's result is not the sum over ranks{group} of "
                                           f"chunk {members.index(rank)}", [m])
-            lost = [i for i, c in enumerate(calls) if c.callback and i not in seen]
+            if eol is not None and teardown is None:
+                fail(rank, where, "teardown() with an input queued: no outcome recorded")
+            # A teardown that refused loudly leaves the queued input's callback to a later flush.
+            excused = {eol} if eol is not None and teardown != "returned" else set()
+            lost = [i for i, c in enumerate(calls) if c.callback and c.active(round_) and i not in seen
+                    and i not in excused]
+            if eol in lost:
+                fail(rank, where, f"teardown() with call {eol} still queued returned without running its callback "
+                                  "and without raising: queued work dropped silently (run it, or refuse loudly)")
             if lost:
                 fail(rank, where, f"callbacks of call(s) {lost[:10]} never ran by the end of flush() "
                                   f"({len(lost)} of {sum(c.callback for c in calls)})")
@@ -193,7 +227,8 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                                       f"disabled) must be reduced before its call returns; its callback ran {when}")
             # Order 4b: deferred callbacks of one dtype and group in submission order.
             last: dict[tuple, tuple[int, int]] = {}
-            for pos, i in sorted((p, i) for i, (p, during) in seen.items() if during != i):
+            for pos, i in sorted((p, i) for i, (p, during) in seen.items()
+                                 if during != i or must_be_deferred(scenario, calls[i], rank)):
                 key = (calls[i].dtype, calls[i].group)
                 if key in last and last[key][1] > i:
                     fail(rank, where, f"deferred {key[0]} callbacks out of submission order: call {i}'s ran after "

@@ -32,7 +32,8 @@ def test_catalogue_covers_the_issue():
     assert any(must_be_immediate(over, c) for c in plan(over)) and not all(must_be_immediate(over, c) for c in plan(over))
     assert not any(must_be_immediate(s, c) for s in standard if s.options.bucket_cap_mb is None for c in plan(s))
     quick = catalogue.select(area="bucketer", profile="quick")
-    assert 1 <= len(quick) <= 6
+    # issue 30: quick catches every mutant whose bug shows at <= 2 ranks (own and independent zoo)
+    assert 1 <= len(quick) <= 10
 
 
 def test_plans_and_data_are_deterministic_integers():
