@@ -29,6 +29,8 @@ class Mismatch:
     # dtype at the expected value (for a band: beyond rtol*|expected| + atol).
     outside: float | None = None
     outside_ulps: float | None = None
+    # The next-worst failing elements: (index, expected, actual, outside, outside in ulps).
+    others: list[tuple[tuple[int, ...], float, float, float, float]] | None = None
 
     def render(self) -> str:
         line = f"{self.name}: {self.problem}"
@@ -39,6 +41,8 @@ class Mismatch:
             )
         if self.outside is not None:
             line += f"; {self.outside:.3g} outside the rule ({self.outside_ulps:.3g} ulps)"
+        for index, e, a, out, ulps in self.others or ():
+            line += f"; at {list(index)}: expected {e!r}, actual {a!r}, {out:.3g} outside ({ulps:.3g} ulps)"
         return line
 
 
@@ -91,7 +95,15 @@ def _mismatch(name: str, problem: str, bad: Tensor, ef: Tensor, af: Tensor, outs
     flat = int(masked.flatten().argmax()) if masked.numel() else 0
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), like.shape)) if like.dim() else ()
     worst = float(outside.flatten()[flat]) if outside.numel() else 0.0
-    spacing = float(ulp(ef.to(like.dtype)).flatten()[flat]) if like.numel() else 1.0
+    spacings = ulp(ef.to(like.dtype)).flatten() if like.numel() else torch.ones(1, dtype=torch.float64)
+    spacing = float(spacings[flat])
+    others = []
+    if int(bad.sum()) > 1:  # the next worst, so a reader sees how far outside each failing element lies
+        order = masked.flatten().argsort(descending=True)[1:OTHERS + 1]
+        for i in (int(i) for i in order if bool(bad.flatten()[i])):
+            at = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), like.shape)) if like.dim() else ()
+            out = float(outside.flatten()[i])
+            others.append((at, float(ef.flatten()[i]), float(af.flatten()[i]), out, out / float(spacings[i])))
     return Mismatch(
         name, problem,
         max_abs=float(torch.where(bad, diff, torch.zeros_like(diff)).max()) if diff.numel() else 0.0,
@@ -99,8 +111,11 @@ def _mismatch(name: str, problem: str, bad: Tensor, ef: Tensor, af: Tensor, outs
         worst_index=index,
         expected_value=float(ef.flatten()[flat]) if ef.numel() else None,
         actual_value=float(af.flatten()[flat]) if af.numel() else None,
-        outside=worst, outside_ulps=worst / spacing,
+        outside=worst, outside_ulps=worst / spacing, others=others,
     )
+
+
+OTHERS = 2  # failing elements shown besides the worst
 
 
 def _compare_envelope(name: str, env: Envelope, actual: Tensor) -> Mismatch | None:

@@ -45,3 +45,18 @@ def test_failure_message_names_everything():
 def test_float_tolerance_scales_with_summands():
     assert float_tolerance("float32", 4).rtol == 4 * float_tolerance("float32", 1).rtol
     assert float_tolerance("bfloat16", 2).rtol > float_tolerance("float16", 2).rtol
+
+
+def test_each_failing_element_says_how_far_outside_the_rule_it_lies():
+    from conformance.compare import compare_tensor
+    from conformance.spec import EXACT
+
+    expected = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    actual = expected.clone()
+    for i, ulps in ((0, 1), (1, 3), (3, 2)):
+        for _ in range(ulps):
+            actual[i] = torch.nextafter(actual[i], torch.tensor(float("inf")))
+    m = compare_tensor("w", expected, actual, EXACT)
+    text = m.render()
+    assert "3 of 4 elements differ" in text and m.worst_index == (3,) and m.outside_ulps == 2.0
+    assert "at [1]: expected 2.0" in text and "(3 ulps)" in text and "at [0]: expected 1.0" in text and "(1 ulps)" in text
