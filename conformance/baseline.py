@@ -140,8 +140,9 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
     # What each rank holds after construction: rank 0's state, unless a declared rule says the
     # sync happens later (first forward) or never (buffers).
     lazy = sem.construction_sync == ConstructionSync.FIRST_FORWARD
-    own = [_own_state(scenario, r) for r in range(W)] if (lazy or sem.buffers == Buffers.NEVER) else None
-    if lazy:
+    first_step = sem.construction_sync == ConstructionSync.FIRST_STEP
+    own = [_own_state(scenario, r) for r in range(W)] if (lazy or first_step or sem.buffers == Buffers.NEVER) else None
+    if lazy or first_step:
         baseline.init_params_ranks = [own[r][0] for r in range(W)]
     rank_buffers = [buffers()] * W
     if own is not None and (lazy or sem.buffers == Buffers.NEVER):
@@ -167,6 +168,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 # torch DDP: every rank forwards from rank 0's buffers; otherwise its own.
                 start = rank_buffers[0] if sem.buffers == Buffers.BEFORE_FORWARD else rank_buffers[rank]
                 load_buffers(model, start)
+                if first_step and step == 0:  # step 0 runs on each rank's own parameters
+                    load_params(model, own[rank][0])
                 (x,) = make_inputs(
                     scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
                     size=scenario.shard_size(rank), dtype=scenario.dtype, device=scenario.device,
@@ -189,8 +192,13 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
             else:
                 rank_buffers = after_forward
             load_buffers(model, rank_buffers[0])
+            if first_step and step == 0:
+                load_params(model, own[0][0])  # rank 0's state everywhere at the first optimizer step
             if synced:
-                avg = comm.reduce(local) if comm is not None else average(local, W, rule)
+                if first_step and step == 0:
+                    avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
+                else:
+                    avg = comm.reduce(local) if comm is not None else average(local, W, rule)
                 if sem.unused == Unused.ZEROS:
                     avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
                 baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
@@ -207,6 +215,12 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
             set_to_none = scenario.zero_grad != "alternate" or step % 2 == 0
             carried = {n: None if (set_to_none or avg[n] is None) else torch.zeros_like(p) for n, p in named}
             optimizer.zero_grad(set_to_none=True)
+        elif scenario.optimizer == "none":
+            # Issue 30: no optimizer, so no zero_grad: the next synced backward adds to this one
+            # (a parameter no rank uses next keeps this gradient). Scenarios without an optimizer
+            # use one micro-batch per step: what a rank shows inside no_sync() on top of an earlier
+            # synced gradient differs between engines (p.grad or a local buffer), not modelled.
+            carried = {n: avg[n] for n, _ in named}
         if sem.buffers == Buffers.BEFORE_FORWARD:
             # Ranks other than 0 are modelled with one micro-batch per step only: under
             # no_sync, torch DDP skips the broadcast at the next forward.

@@ -31,7 +31,7 @@ from conformance.semantics import Buffers, declared
 
 
 @functools.cache
-def _has_buffers(scenario) -> bool:
+def has_buffers(scenario) -> bool:
     from conformance.models.data import build_model
 
     model = build_model(scenario.model, scenario.kwargs(), seed=0, rank=0, dtype="float32", device="cpu")
@@ -64,6 +64,6 @@ def unsupported(adapter, scenario) -> str | None:
     if feats.join and not ddp_module(adapter):
         return "join() is torch DDP's context manager on the wrapper (adapter.ddp_module)"
     sem = declared(adapter, scenario)
-    if sem.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY) and _has_buffers(scenario):
+    if sem.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY) and has_buffers(scenario):
         return f"the production-training oracle does not model the declared buffer rule '{sem.buffers.value}' yet"
     return None

@@ -42,6 +42,10 @@ class ConstructionSync(str, enum.Enum):
 
     EAGER = "eager"  # torch DDP: inside the constructor
     FIRST_FORWARD = "first-forward"  # lazily, at the first forward (composable replicate)
+    # torchft's async quorum: every rank runs step 0 from its own parameters, a replica that heals
+    # does not participate (only rank 0's gradient is averaged, over the ranks that contributed), and
+    # rank 0's state is loaded everywhere at the first optimizer step.
+    FIRST_STEP = "first-optimizer-step"
 
 
 class Buffers(str, enum.Enum):

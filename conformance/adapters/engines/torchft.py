@@ -26,10 +26,13 @@ Declared:
   rank 0's once healed, then each rank's own (torchft/ddp.py: `ProcessGroupDummy(0, 1)`).
 - `torchft-ddp` runs the Manager with `use_async_quorum=False`: healing is applied inside
   `start_quorum()`, before the first forward (construction sync eager, from the user's view).
-- `torchft-ddp-async` runs torchft's default, `use_async_quorum=True`: the quorum and the heal
-  run during step 0 and the primary's state is loaded at the first `should_commit()`, so every
-  rank forwards step 0 from its own initial parameters. Not modelled yet: skipped with that
-  reason (the rule "state synced at the first optimizer step" needs its own oracle).
+- `torchft-ddp-async` runs torchft's default, `use_async_quorum=True`, declared
+  `construction_sync: first-optimizer-step`: the quorum and the heal run during step 0 and the
+  primary's (rank 0's) state is loaded at the first `should_commit()`, so every rank forwards and
+  backwards step 0 from its own initial parameters; a healing replica does not participate
+  (`Manager.allreduce` zeroes its gradient), so step 0's gradient is the participants' average:
+  rank 0's own. Models with buffers are skipped (the heal's copy of the buffers races with the
+  forward of step 0).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from datetime import timedelta
 from conformance.adapters.ddp_like import DDPLikeWrapped
 from conformance.adapters.engines import probe
 from conformance.adapters.protocol import OptimizerSpec
-from conformance.semantics import Buffers, Semantics
+from conformance.feature_support import has_buffers
+from conformance.semantics import Buffers, ConstructionSync, Semantics
 from conformance.spec import Capability as C
 
 INSTALL = "pip install -c constraints.txt 'gradparity[torchft]'  (torchft==0.2.*)"
@@ -79,6 +83,16 @@ def _loopback_manager_server():
     manager_module.ManagerServer = loopback_server
 
 
+ASYNC_SEMANTICS = Semantics(
+    construction_sync=ConstructionSync.FIRST_STEP,
+    buffers=Buffers.CONSTRUCTION_ONLY,
+    sources=(*SEMANTICS.sources,
+             "torchft/manager.py: with use_async_quorum (the default) the pending state dict is applied in "
+             "should_commit(); Manager.allreduce zeroes the gradient of a replica that is not participating "
+             "(healing) and divides by num_participants()"),
+)
+
+
 class TorchFTWrapped(DDPLikeWrapped):
     def __init__(self, ddp, manager, lighthouse, store):
         super().__init__(ddp)
@@ -104,6 +118,7 @@ class TorchFTAdapter:
 
     def __init__(self, use_async_quorum: bool):
         self.use_async_quorum = use_async_quorum
+        self.semantics = ASYNC_SEMANTICS if use_async_quorum else SEMANTICS
         self.name = "torchft-ddp-async" if use_async_quorum else "torchft-ddp"
         self.version, self._why = probe("torchft", "torchft", INSTALL)
 
@@ -112,9 +127,8 @@ class TorchFTAdapter:
             return self._why
         if scenario.optimizer == "none":
             return "torchft's Manager commits a step through the optimizer wrapper: it needs an optimizer"
-        if self.use_async_quorum:
-            return ("async quorum: step 0 runs on each rank's own parameters and the primary's state is loaded at the "
-                    "first should_commit(); the oracle for 'state synced at the first optimizer step' is not written yet")
+        if self.use_async_quorum and has_buffers(scenario):
+            return "async quorum: the heal's copy of rank 0's buffers races with step 0's forward (not modelled)"
         if scenario.features:
             return "torchft's production features (its own checkpointing, LocalSGD/DiLoCo) are not modelled yet"
         if scenario.dtype != "float32":
