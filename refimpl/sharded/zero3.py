@@ -196,7 +196,7 @@ class FullyShardedDataParallel(nn.Module):
             chunk = math.ceil(p.numel() / self.world_size)
             offset = sum(q.chunk for q in owner.params if q.dtype == p.dtype)
             entry = _Param(name, p, p.shape, p.numel(), chunk, offset, p.dtype, order)
-            initial[id(entry)] = p.detach().clone()
+            initial[id(entry)] = p.detach()  # read once below, before its storage is freed
             if compute is not None and compute != p.dtype:  # the module computes in param_dtype
                 replaced[id(p)] = entry.param = nn.Parameter(torch.empty(p.shape, dtype=compute, device=p.device))
             owner.params.append(entry)
@@ -307,9 +307,9 @@ class FullyShardedDataParallel(nn.Module):
     @torch.no_grad()
     def _end_of_backward(self) -> None:
         self._end_queued = False
+        self._free_all()  # parameters first: the reduction needs only the gradients (lower peak)
         if self._sync_backward:
             self._reduce_gradients()
-        self._free_all()
 
     def _reduce_gradients(self) -> None:
         device = self._params[0].param.device if self._params else torch.device("cpu")
@@ -324,6 +324,7 @@ class FullyShardedDataParallel(nn.Module):
             padded = torch.zeros(q.chunk * W, dtype=rdtype, device=device)
             if grad is not None:
                 torch.div(grad.reshape(-1).to(rdtype), W, out=padded[:q.numel])
+                q.param.grad = grad = None  # the padded copy is all the bucketer needs: free it now
             self.bucketer.reduce_scatter_async(list(padded.view(W, q.chunk)), self.process_group,
                                                functools.partial(_accumulate, q))
         self.bucketer.flush()
