@@ -93,6 +93,25 @@ ASYNC_SEMANTICS = Semantics(
 )
 
 
+POST_DIVIDE_SOURCE = ("torchft/manager.py Manager.allreduce: ReduceOp.AVG is an all-reduce SUM, then "
+                      "`tensor /= num_participants` (1/W after the sum, not on every share as torch DDP)")
+
+
+def _post_divide(semantics: Semantics, scenario) -> Semantics:
+    """The cross-rank sum divided after summing: the scenario's rule with 1/W placed "post".
+
+    Carried in `lossy` (the field that replaces the scenario's rule): nothing is lossy, the
+    envelope of summation orders is the same, with the division where torchft does it.
+    """
+    from dataclasses import replace
+
+    tol = scenario.tolerance
+    if scenario.world_size <= 2 or tol.kind != "summation-order":
+        return semantics  # at 2 ranks (a + b) / 2 == a/2 + b/2 bitwise
+    rule = replace(tol, divide=("post",), reason=f"{tol.reason}; torchft divides after the sum")
+    return replace(semantics, lossy=rule, sources=(*semantics.sources, POST_DIVIDE_SOURCE))
+
+
 class TorchFTWrapped(DDPLikeWrapped):
     def __init__(self, ddp, manager, lighthouse, store):
         super().__init__(ddp)
@@ -118,9 +137,12 @@ class TorchFTAdapter:
 
     def __init__(self, use_async_quorum: bool):
         self.use_async_quorum = use_async_quorum
-        self.semantics = ASYNC_SEMANTICS if use_async_quorum else SEMANTICS
+        self._semantics = ASYNC_SEMANTICS if use_async_quorum else SEMANTICS
         self.name = "torchft-ddp-async" if use_async_quorum else "torchft-ddp"
         self.version, self._why = probe("torchft", "torchft", INSTALL)
+
+    def semantics_for(self, scenario) -> Semantics:
+        return _post_divide(self._semantics, scenario)
 
     def unavailable(self, scenario) -> str | None:
         if self._why:
