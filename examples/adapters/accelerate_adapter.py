@@ -5,7 +5,9 @@ Written as a newcomer would, from conformance/adapters/protocol.py only (issue #
     PYTHONPATH=examples/adapters gradparity run --adapter accelerate_adapter:factory --profile quick
 
 The Accelerator owns the optimizer (`prepare` wraps it) and backward (`accelerator.backward(loss)`,
-which divides the loss by gradient_accumulation_steps: 1 here); `no_sync` is `accelerator.no_sync(model)`.
+which divides the loss by gradient_accumulation_steps: 1 here); `no_sync` is `accelerator.no_sync(model)`;
+clipping is `accelerator.clip_grad_norm_` (first quick-profile run: clip-grad-norm failed until it was added,
+because an engine owning the optimizer must clip itself).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class AccelerateWrapped(DDPLikeWrapped):
 
     def backward(self, loss):
         self.accelerator.backward(loss)
+
+    def clip_grad_norm_(self, max_norm):
+        # An engine that owns the optimizer clips its own way (protocol.py): Accelerate's is this.
+        self.accelerator.clip_grad_norm_(self.ddp.parameters(), max_norm)
 
     def backward_stats(self):
         return None
