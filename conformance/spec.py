@@ -42,6 +42,7 @@ class Capability(str, enum.Enum):
     # reshard_after_forward=False (FSDP1: SHARD_GRAD_OP)
     SHARD_UNITS = "shard_units"
     RESHARD = "reshard_after_forward"
+    HSDP = "hsdp"  # a 2-D (replicate, shard) mesh: FSDP2 HSDP, FSDP1 HYBRID_SHARD
 
     def __str__(self) -> str:  # shows up in skip reasons
         return self.value
@@ -175,6 +176,7 @@ class WrapOptions:
     # parameters gathered from its forward to the end of backward. None: the engine's default.
     units: str | None = None
     reshard_after_forward: bool | None = None
+    hsdp_replicas: int | None = None  # HSDP: the replicate dimension of a (replicas, W // replicas) mesh
 
     def describe(self) -> str:
         parts = []

@@ -49,6 +49,16 @@ def _broadcast_from_rank0(module: nn.Module, group) -> None:
         dist.broadcast(t.data, src=src, group=group)
 
 
+def hsdp_mesh(ctx, replicas: int):
+    """The (replicate, shard) DeviceMesh of a HSDP scenario over the pool's ranks (issue #26)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    W = ctx.world_size
+    assert W % replicas == 0, f"hsdp_replicas={replicas} does not divide the world size {W}"
+    return DeviceMesh(ctx.device.type, torch.arange(W).view(replicas, W // replicas),
+                      mesh_dim_names=("replicate", "shard"))
+
+
 def unit_modules(module: nn.Module, *, split_shared: bool = True) -> list[nn.Module]:
     """The blocks a scenario's ``units="children"`` makes units of their own (issue #26).
 
@@ -256,7 +266,7 @@ class TorchFSDP:
     area = "sharded"
     # RESHARD: reshard_after_forward=False is ShardingStrategy.SHARD_GRAD_OP; no nested units
     # here (the adapter reads the local no_sync() gradient from the root's flat parameter).
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.RESHARD})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.RESHARD, C.HSDP})
     version = torch.__version__
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDPWrapped:
@@ -271,9 +281,12 @@ class TorchFSDP:
         from torch.distributed.fsdp import ShardingStrategy
 
         strategy = ShardingStrategy.SHARD_GRAD_OP if options.reshard_after_forward is False else ShardingStrategy.FULL_SHARD
+        where = {"process_group": ctx.group}
+        if options.hsdp_replicas:  # HYBRID_SHARD on a (replicas, W // replicas) mesh
+            strategy, where = ShardingStrategy.HYBRID_SHARD, {"device_mesh": hsdp_mesh(ctx, options.hsdp_replicas)}
         fsdp = FSDP(
-            module, process_group=ctx.group, device_id=ctx.device,
-            use_orig_params=True, sync_module_states=on_gpu, sharding_strategy=strategy,
+            module, device_id=ctx.device, use_orig_params=True, sync_module_states=on_gpu,
+            sharding_strategy=strategy, **where,
         )
         return FSDPWrapped(fsdp)
 
@@ -359,14 +372,15 @@ class TorchFSDP2:
 
     name = "torch-fsdp2"
     area = "sharded"
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.SHARD_UNITS, C.RESHARD})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.SHARD_UNITS, C.RESHARD, C.HSDP})
     version = torch.__version__
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDP2Wrapped:
         from torch.distributed.device_mesh import DeviceMesh
 
         _broadcast_from_rank0(module, ctx.group)  # construction-time sync, as FSDP2's users must
-        mesh = DeviceMesh.from_group(ctx.group, ctx.device.type)
+        mesh = (hsdp_mesh(ctx, options.hsdp_replicas) if options.hsdp_replicas
+                else DeviceMesh.from_group(ctx.group, ctx.device.type))
         reshard = {} if options.reshard_after_forward is None else {"reshard_after_forward": options.reshard_after_forward}
         if options.units == "children":  # bottom-up, as FSDP2's docs wrap a model: blocks, then the root
             for block in unit_modules(module, split_shared=False):

@@ -102,7 +102,7 @@ def scenarios() -> list[Scenario]:
             # FSDP's gradient pre-/post-divide factors: the envelope is the union (conformance.envelope).
             s = s.with_(tolerance=replace(s.tolerance, divide=("pre", "post", "split")))
         out.append(s.with_(clauses=clauses_of(s)))
-    return out + fsdp_depth_scenarios()
+    return out + fsdp_depth_scenarios() + issue30_scenarios()
 
 
 # -- issue 26: the dimensions FSDP2's own tests cover --------------------------------------------
@@ -123,7 +123,8 @@ def fsdp_depth_scenarios() -> list[Scenario]:
     def m(name, model, **kw):
         options = kw.get("options", WrapOptions())
         need = ({C.SHARD_UNITS} if options.units else set()) | (
-            {C.RESHARD} if options.reshard_after_forward is False else set())
+            {C.RESHARD} if options.reshard_after_forward is False else set()) | (
+            {C.HSDP} if options.hsdp_replicas else set())
         s = make(name, model, area="sharded", extra_requires=frozenset(need), **kw)
         if s.tolerance.kind in ("summation-order", "derived-bound"):
             s = s.with_(tolerance=replace(s.tolerance, divide=("pre", "post", "split")))
@@ -150,6 +151,49 @@ def fsdp_depth_scenarios() -> list[Scenario]:
         # a delay on one rank before backward / before the optimizer step
         m("skew-backward", "mlp", w=4, options=nested, skew="backward", profiles=STANDARD),
         m("skew-step", "mlp", w=4, options=nested, skew="step", profiles=FULL),
+        # HSDP on a 2-D (replicate, shard) mesh: 2x2 at w4, 2x4 at w8, and the (n, 1) mesh on
+        # which FSDP1's HYBRID_SHARD was reported never to sync (pytorch/pytorch#154888)
+        m("hsdp-2x2", "mlp", w=4, options=WrapOptions(hsdp_replicas=2), profiles=STANDARD),
+        m("hsdp-2x2-no-sync", "mlp", w=4, micro_batches=2, options=WrapOptions(hsdp_replicas=2), profiles=FULL),
+        m("hsdp-4x1", "mlp", w=4, options=WrapOptions(hsdp_replicas=4), profiles=STANDARD),
+        m("hsdp-2x4", "mlp", w=8, options=WrapOptions(hsdp_replicas=2), model_kwargs=tiny, profiles=FULL),
     ]
     assert all(s.requires & extra or s.options.units is None for s in out)
+    assert all(C.HSDP in s.requires for s in out if s.options.hsdp_replicas)
     return out
+
+
+# -- issue 30: cells of the dimension checklist (docs/contracts/sharded.md) the DDP-derived ---------
+# scenarios leave empty: two synced backwards without zero_grad (how often; S14), a parameter only a
+# non-zero rank uses (who decides what is reduced; S6), a rank without a gradient in a float64 model
+# (what it contributes, in which dtype; S10), an idle rank inside no_sync() (when; S8). Quick keeps
+# each one whose bug shows at 2 ranks, except the idle rank (FSDP1 hangs there, as on
+# rank-uses-no-param).
+def issue30_scenarios() -> list[Scenario]:
+    from conformance.catalogue.ddp_scenario import make
+    from conformance.catalogue.profiles import STANDARD
+    from conformance.spec import WrapOptions
+
+    fuf = WrapOptions(find_unused_parameters=True)
+
+    def m(name, model, *, extra=(), **kw):
+        s = make(name, model, area="sharded", **kw)
+        return s.with_(clauses=tuple(sorted(set(clauses_of(s)) | set(extra), key=lambda x: int(x[1:]))))
+
+    return [
+        m("accumulate-no-zero-grad", "mlp", w=2, steps=3, optimizer="none", extra=("S14",),
+          description="three synced backwards, no optimizer and no zero_grad: each adds to the last"),
+        m("accumulate-no-zero-grad", "branches", w=2, steps=3, optimizer="none", options=fuf,
+          model_kwargs={"mode": "unused-on-rank1"}, extra=("S14",), profiles=STANDARD,
+          description="accumulation with a parameter one rank does not use, and one no rank uses"),
+        m("used-on-odd-ranks", "branches", w=2, options=fuf, model_kwargs={"mode": "used-on-odd-ranks"},
+          description="a parameter rank 0 does not use but rank 1 does: it is reduced (not decided by rank 0)"),
+        m("used-on-odd-ranks", "branches", w=4, options=fuf, model_kwargs={"mode": "used-on-odd-ranks"},
+          profiles=STANDARD),
+        m("unused-on-rank1", "branches", w=2, dtype="float64", options=fuf,
+          model_kwargs={"mode": "unused-on-rank1"},
+          description="float64: the rank without a gradient contributes zeros of the parameter's dtype"),
+        m("rank-idle-no-sync", "branches", w=2, micro_batches=2, options=fuf, model_kwargs={"mode": "rank-idle"},
+          extra=("S8",), timeout_s=20, profiles=STANDARD,
+          description="rank 1 reaches no parameter inside no_sync() too: no collective there"),
+    ]
