@@ -102,7 +102,7 @@ def mutant(name: str, clause: str, dimension: str, bug: str, **kw):
     return MUTANTS.mutant(name, clause, f"[{dimension}] {bug}", adapter=adapter, **kw)
 
 
-@mutant("overwrites-sharded-grad", "S12", "how often",
+@mutant("overwrites-sharded-grad", "S14", "how often",
         "the reduced chunk is copied into the sharded gradient, not added: a second synced backward without "
         "zero_grad() replaces the first one's gradient")
 class OverwritesShardedGrad(Engine):
@@ -168,7 +168,7 @@ class NoBufferInitBroadcast(Engine):
                 b.copy_(mine)
 
 
-@mutant("drops-forward-kwargs", "S13", "inputs",
+@mutant("drops-forward-kwargs", "S15", "inputs",
         "forward(*args, **kwargs) calls the module with the positional arguments only")
 class DropsForwardKwargs(Engine):
     def forward(self, *args, **kwargs):
