@@ -62,9 +62,8 @@ def test_the_readme_counts_are_the_code_counts():
     from conformance import catalogue, mutants
 
     text = README.read_text()
-    for profile in catalogue.PROFILES:
-        n = len(catalogue.select(profile=profile))
-        assert re.search(rf"`{profile}` \({n}\b", text), f"README: {profile} has {n} scenarios"
+    for profile in catalogue.PROFILES:  # sizes change with every new scenario: the README names none
+        assert not re.search(rf"`{profile}` \(\d+", text), f"README: {profile}'s size is for `gradparity list`"
     n = len(mutants.area_zoo("ddp").mutants)
     assert f"against {n} deliberately broken DDPs" in text, f"README: the DDP zoo has {n} mutants"
 
