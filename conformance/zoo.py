@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control", action="append", default=[], help="controls (repeatable; default: the area's built-ins and its zoo base)")
     p.add_argument("--record", default=None, metavar="DIR",
                    help="record every judged tensor into DIR, for `gradparity compare` (conformance/recording.py)")
-    p.add_argument("--set", dest="which", default="own", choices=zoo_mutants.ZOO_SETS,
+    p.add_argument("--set", dest="which", default="all", choices=zoo_mutants.ZOO_SETS,
                    help="which mutants: the area's own zoo, the independent one (written from the contracts alone), or all")
 
 
@@ -317,7 +317,7 @@ def print_table(doc: dict, console=None) -> None:
 
 def zoo(profile: str = "quick", *, area: str = "ddp", report_dir: str = "gradparity-reports/zoo", workers: int = 1,
         timeout_scale: float = 0.25, mutants: list[str] | None = None, controls: list[str] | None = None,
-        console=None, which: str = "own", record: str | None = None) -> tuple[int, dict]:
+        console=None, which: str = "all", record: str | None = None) -> tuple[int, dict]:
     """Run the zoo of `area`; returns (exit status, the zoo document written to zoo.json)."""
     from rich.console import Console
 

@@ -21,16 +21,17 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
     ddp_ids = {s.id.replace("ddp/", "sharded/", 1) for s in catalogue.select(area="ddp", profile="full")}
     from conformance.catalogue.sharded import (
         fsdp_depth_scenarios,  # issue 26's block: FSDP-only options
+        issue30_scenarios,  # issue 30's block: checklist cells the DDP-derived scenarios leave empty
     )
 
-    depth = {s.id for s in fsdp_depth_scenarios()}
+    depth = {s.id for s in fsdp_depth_scenarios()} | {s.id for s in issue30_scenarios()}
     assert {s.id for s in full} - depth <= ddp_ids
     assert all(s.options.units or s.options.reshard_after_forward is False or "skew" in s.id
                for s in fsdp_depth_scenarios())
     assert all(C.BUFFER_BROADCAST in s.requires for s in full if s.model in ("buffered", "cnn-bn"))
     assert {s.world_size for s in catalogue.select(area="sharded", profile="standard")} == {1, 2, 3, 4}
     quick = catalogue.select(area="sharded", profile="quick")
-    assert 3 <= len(quick) <= 8
+    assert 3 <= len(quick) <= 11  # issue 30: + one scenario per mutant whose bug shows at 2 ranks
 
 
 def test_capabilities_are_declared_per_adapter():
@@ -72,7 +73,10 @@ def test_every_clause_has_a_mutant_and_a_scenario():
 
     standard = catalogue.select(area="sharded", profile="standard")
     clauses = {c for s in standard for c in s.clauses}
-    assert {cls.clause for cls in zoo.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 14)}
+    from conformance.mutants.independent import sharded as independent  # issue 30: S14
+
+    own = {cls.clause for cls in zoo.MUTANTS.values()}
+    assert own | {cls.clause for cls in independent.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 15)}
     assert _get("sharded/plain/mlp/w3/fp32").clauses.count("S3") == 1  # padded shards at w3
     assert "S12" in _get("sharded/plain/mlp/w3/fp32").clauses  # and their local shards (conformance/shards.py)
     assert "S3" not in _get("sharded/plain/mlp/w2/fp32").clauses

@@ -168,7 +168,7 @@ class NoBufferInitBroadcast(Engine):
                 b.copy_(mine)
 
 
-@mutant("drops-forward-kwargs", "S15", "inputs",
+@mutant("drops-forward-kwargs", "S2", "inputs",
         "forward(*args, **kwargs) calls the module with the positional arguments only")
 class DropsForwardKwargs(Engine):
     def forward(self, *args, **kwargs):
