@@ -165,6 +165,8 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                 if feats.save_load_at == step and step > 0:
                     fired_before += _fired(wrapped)
                     wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler)
+                    if "backward" in owns:  # the rebuilt engine's own backward, not the closed one's
+                        backward = wrapped.backward
                 if feats.freeze:
                     apply_requires_grad(_module(wrapped), feats, step)
                 x = inputs(scenario, feats, rank=ctx.rank, step=step, micro=0, device=ctx.device)

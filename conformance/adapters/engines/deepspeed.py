@@ -50,6 +50,34 @@ def _no_jit_shm_op() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
+def save_engine_checkpoint(engine, group) -> str:
+    """DeepSpeed's own round trip, first half: `engine.save_checkpoint` into a directory every rank
+    shares (rank 0 makes it and broadcasts the path); returns the path for `load_engine_checkpoint`."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    path = [tempfile.mkdtemp(prefix="gradparity-ds-") if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(path, src=dist.get_global_rank(group, 0), group=group)
+    with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - its progress lines
+        engine.save_checkpoint(path[0], tag="gradparity")
+    return path[0]
+
+
+def load_engine_checkpoint(engine, group, path: str) -> None:
+    """Second half: `engine.load_checkpoint` (module, optimizer and its ZeRO partitions), then rank 0
+    removes the directory once every rank has read it."""
+    import shutil
+
+    import torch.distributed as dist
+
+    with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115
+        engine.load_checkpoint(path, tag="gradparity")
+    dist.barrier(group=group)
+    if dist.get_rank(group) == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class DeepSpeedWrapped:
     def __init__(self, engine, optimizer, stage: int):
         self.engine, self.optimizer, self.stage = engine, optimizer, stage
@@ -63,6 +91,12 @@ class DeepSpeedWrapped:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.engine.zero_grad()
+
+    def checkpoint_state(self) -> str:
+        return save_engine_checkpoint(self.engine, self.group)
+
+    def load_checkpoint_state(self, path: str) -> None:
+        load_engine_checkpoint(self.engine, self.group, path)
 
     def _named(self):
         return [(n, p) for n, p in self.module.named_parameters()]
@@ -93,6 +127,7 @@ class DeepSpeedWrapped:
 class DeepSpeedAdapter:
     area = "ddp"
     owns = frozenset({"optimizer"})
+    checkpoint_api = True  # engine.save_checkpoint / load_checkpoint (Wrapped.checkpoint_state)
 
     def __init__(self, stage: int):
         self.stage = stage
@@ -131,7 +166,9 @@ class DeepSpeedAdapter:
             engine, ds_optimizer, _, _ = deepspeed.initialize(
                 model=module, optimizer=torch_optimizer, config=config, dist_init_required=False,
             )
-        return DeepSpeedWrapped(engine, ds_optimizer, self.stage)
+        wrapped = DeepSpeedWrapped(engine, ds_optimizer, self.stage)
+        wrapped.group = ctx.group
+        return wrapped
 
 
 def deepspeed_zero1() -> DeepSpeedAdapter:

@@ -29,7 +29,14 @@ import os
 from torch import Tensor, nn
 
 from conformance.adapters.engines import probe, production_features
-from conformance.adapters.engines.deepspeed import INSTALL, UNSUPPORTED, _cpu, _no_jit_shm_op
+from conformance.adapters.engines.deepspeed import (
+    INSTALL,
+    UNSUPPORTED,
+    _cpu,
+    _no_jit_shm_op,
+    load_engine_checkpoint,
+    save_engine_checkpoint,
+)
 from conformance.adapters.protocol import OptimizerSpec
 from conformance.semantics import Accumulation, Semantics
 from conformance.spec import Capability as C
@@ -79,6 +86,12 @@ class DeepSpeedStage0Wrapped:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.engine.zero_grad()
 
+    def checkpoint_state(self) -> str:
+        return save_engine_checkpoint(self.engine, self.group)
+
+    def load_checkpoint_state(self, path: str) -> None:
+        load_engine_checkpoint(self.engine, self.group, path)
+
     def full_gradients(self) -> dict[str, Tensor | None]:
         return {n: _cpu(p.grad) for n, p in self.module.named_parameters() if p.requires_grad}
 
@@ -95,6 +108,7 @@ class DeepSpeedStage0Wrapped:
 class DeepSpeedStage0Adapter:
     name, area = "deepspeed-zero0", "ddp"
     owns = frozenset({"optimizer", "backward"})
+    checkpoint_api = True  # engine.save_checkpoint / load_checkpoint
     capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUFFER_BROADCAST})
     semantics = SEMANTICS
 
@@ -117,8 +131,7 @@ class DeepSpeedStage0Adapter:
             return "DeepSpeed's bf16/fp16 (fp32 master weights, its loss scaler) is not modelled by the oracle yet"
         if scenario.zero_grad == "alternate":
             return "engine.step() clears the gradients itself: zero_grad(set_to_none=False) has no engine equivalent"
-        return production_features(scenario, {**UNSUPPORTED, "save_load_at": "DeepSpeed's save_checkpoint/"
-                                               "load_checkpoint round trip is not wired into this adapter yet"})
+        return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedStage0Wrapped:
         import deepspeed
@@ -140,7 +153,9 @@ class DeepSpeedStage0Adapter:
             engine, _, _, _ = deepspeed.initialize(
                 model=module, optimizer=torch_optimizer, config=config, dist_init_required=False,
             )
-        return DeepSpeedStage0Wrapped(engine)
+        wrapped = DeepSpeedStage0Wrapped(engine)
+        wrapped.group = ctx.group
+        return wrapped
 
 
 def deepspeed_zero0() -> DeepSpeedStage0Adapter:
