@@ -242,7 +242,8 @@ def _side(rec: Recording) -> dict:
     return {"directory": rec.directory, "complete": rec.index.get("complete"), "stopped": rec.index.get("stopped"),
             "torch": p.get("torch"), "suite_version": p.get("suite_version"), "commit": p.get("commit"),
             "dirty": p.get("dirty"), "command": p.get("command"), "device": p.get("device"),
-            "adapter_versions": p.get("adapter_versions") or {}, "cases": len(rec.cases)}
+            "adapter_versions": p.get("adapter_versions") or {}, "cases": len(rec.cases),
+            "ran_on": sorted({d["where"] for d in rec.cases.values() if d.get("where")})}  # world/backend/device
 
 
 def exit_status(doc: dict, tolerance: str) -> int:
@@ -261,7 +262,8 @@ def render_text(doc: dict, tolerance: str) -> list[str]:
         s = doc[side]
         versions = ", ".join(f"{k} {v}" for k, v in s["adapter_versions"].items())
         lines.append(f"{side.upper():4} {s['directory']}: torch {s['torch']}, suite {s['suite_version']} "
-                     f"@{(s['commit'] or 'unknown')[:10]}{' (dirty)' if s['dirty'] else ''}; {versions}"
+                     f"@{(s['commit'] or 'unknown')[:10]}{' (dirty)' if s['dirty'] else ''}; {versions}; "
+                     f"ran on {', '.join(s['ran_on']) or 'unknown'}"
                      + ("" if s["complete"] else f"  [INCOMPLETE: {s['stopped'] or 'the run did not finish'}]"))
     f = doc["first"]
     if f is None:

@@ -82,6 +82,7 @@ def render(doc: dict) -> str:
         sides += (f"<tr><th>{side.upper()}</th><td><code>{_e(s['directory'])}</code></td><td>torch {_e(s['torch'])}</td>"
                   f"<td>{_e(s['suite_version'])} @{_e((s['commit'] or 'unknown')[:10])}</td>"
                   f"<td>{_e(', '.join(f'{k} {v}' for k, v in s['adapter_versions'].items()))}</td>"
+                  f"<td>ran on {_e(', '.join(s.get('ran_on') or []) or 'unknown')}</td>"
                   f"<td>{'' if s['complete'] else 'INCOMPLETE'}</td></tr>")
     first = doc["first"]
     head = ("every common tensor is bitwise equal" if first is None else

@@ -66,7 +66,7 @@ def record_dir(path, cases: dict) -> str:
     rec = Recorder(str(path))
     rec.start({"torch": "x", "adapter_versions": {}})
     for spec, records in cases.items():
-        rec.add(*result_of(Case(SCENARIO, spec), records))
+        rec.add(*result_of(Case(SCENARIO, spec), records), where="w2/gloo/cpu")
     rec.finish({"torch": "x", "adapter_versions": {}})
     return str(path)
 
@@ -98,6 +98,7 @@ def test_first_divergence_names_the_case_step_and_tensor(tmp_path):
     assert exit_status(doc, "bitwise") == 1 and exit_status(doc, "oracle") == 0
     text = "\n".join(render_text(doc, "bitwise"))
     assert "first divergence: torch-ddp|ddp/fake/mlp/w2/fp32 at step 0 step: param w (rank 0)" in text
+    assert "ran on w2/gloo/cpu" in text  # the backend and device each case ran on
     assert "0 bitwise, 1 within the oracle's rule, 0 beyond it" in text
 
 
