@@ -119,6 +119,10 @@ class RefimplShardedWrapped:
     def optimizer_parameters(self) -> Iterable[nn.Parameter]:
         return self.sdp.sharded_parameters()
 
+    def clip_grad_norm_(self, max_norm: float):
+        """The engine's global-norm clip (the path its users call; torch's would see one shard)."""
+        return self.sdp.clip_grad_norm_(max_norm)
+
     def local_shards(self) -> dict[str, dict]:
         """This rank's own chunks (conformance/shards.py): refimpl's flat-chunk placement."""
         return {n: {"placement": "flat-chunk", "param": _cpu(p), "grad": _cpu(g)}
@@ -256,6 +260,10 @@ class FSDPWrapped:
 
     def optimizer_parameters(self) -> Iterable[nn.Parameter]:
         return [p for p in self.fsdp.parameters() if p.requires_grad]
+
+    def clip_grad_norm_(self, max_norm: float):
+        """FSDP1's own clip (documented for FSDP: torch's clip_grad_norm_ would see local shards)."""
+        return self.fsdp.clip_grad_norm_(max_norm)
 
 
 class TorchFSDP:

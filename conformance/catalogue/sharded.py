@@ -158,6 +158,11 @@ def fsdp_depth_scenarios() -> list[Scenario]:
         m("hsdp-4x1", "mlp", w=4, options=WrapOptions(hsdp_replicas=4), profiles=STANDARD),
         m("hsdp-2x4", "mlp", w=8, options=WrapOptions(hsdp_replicas=2), model_kwargs=tiny, profiles=FULL),
     ]
+    # Not yet: clip_grad_norm_ over the sharded parameters. Every sharded engine computes the
+    # global norm over shards, another summation order than the oracle's full tensors, and the
+    # re-anchored step is judged bitwise: at w2 refimpl (ZeRO-2/3) and FSDP1 land 1-2 ulps off
+    # (FSDP2 passed). The rule for a clip coefficient from a reordered norm belongs to the oracle
+    # (conformance/envelope.py); refimpl's global-norm clip is unit-tested meanwhile.
     assert all(s.requires & extra or s.options.units is None for s in out)
     assert all(C.HSDP in s.requires for s in out if s.options.hsdp_replicas)
     return out

@@ -21,8 +21,8 @@ sees one ``nn.Parameter`` per chunk, each a view into that buffer, so all-gather
 parameters is one collective per dtype. Padding is zero in parameters and gradients, so
 element-wise optimizers (SGD, Adam, AdamW, RMSprop, Adagrad …) keep it zero and step every
 real element exactly as they would step the full tensor. Optimizers that look across
-elements (LAMB, LARS, Adafactor, gradient-norm clipping) would see per-chunk norms: not
-supported (a global norm needs one more all-reduce).
+elements (LAMB, LARS, Adafactor) would see per-chunk norms: not supported; gradient-norm
+clipping is ``clip_grad_norm_`` (a global norm: one more all-reduce).
 
 [Note: when gradients are reduced]
 All parameters are reduce-scattered in registration order at the end of each synced backward
@@ -334,6 +334,28 @@ class ShardedDataParallel(nn.Module):
                 if slot.shard is not None and slot.shard.grad is not None:
                     result[slot.name] = self._unshard(g, slot)
         return result
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Clip the sharded gradients by their *global* norm (one all-reduce); returns the norm.
+
+        Padding is zero, so the shards' norms add up to the full gradient's; clipping each
+        shard by its own norm instead is pytorch/pytorch#170862's bug.
+        """
+        self._assert_idle("clip_grad_norm_()")
+        grads = [s.shard.grad for s in self._slots if s.shard is not None and s.shard.grad is not None]
+        device = self._flats[0].params.device if self._flats else torch.device("cpu")
+        if norm_type == math.inf:
+            total = torch.stack([g.abs().max().float() for g in grads]).max() if grads else torch.zeros((), device=device)
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.process_group)
+        else:
+            total = sum((g.float().abs().pow(norm_type).sum() for g in grads), torch.zeros((), device=device))
+            dist.all_reduce(total, group=self.process_group)
+            total = total.pow(1.0 / norm_type)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return total
 
     def local_shards(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         """This rank's (parameter chunk, gradient chunk) by name, padding included ([Note: shard layout])."""

@@ -102,6 +102,9 @@ def _state_dicts_and_clip(rank, world_size):
     opt = z3.make_optimizer(torch.optim.SGD, lr=0.1)
     (z3(_x(0, rank)) ** 2).mean().backward()
     full_grads = z3.full_gradients()
+    z2 = ShardedDataParallel(Net(rank))  # the ZeRO-2 engine's clip: same shards, same global norm
+    (z2(_x(0, rank)) ** 2).mean().backward()
+    z2_norm = z2.clip_grad_norm_(1e-3).item()
     norm = z3.clip_grad_norm_(1e-3)
     want_norm = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in full_grads.values()]))
     clipped = z3.full_gradients()
@@ -118,6 +121,7 @@ def _state_dicts_and_clip(rank, world_size):
     from_sharded = z3c.full_parameters()
     return {
         "norm": (norm.item(), want_norm.item()),
+        "zero2_norm": z2_norm,
         "ratio_spread": max((r.max() - r.min()).item() for r in ratio.values() if r.numel()),
         "ratio": next(r[0].item() for r in ratio.values() if r.numel()),
         "full_round_trip": all(torch.equal(from_full[n], full[n]) for n in from_full),
@@ -151,6 +155,7 @@ def test_global_norm_clipping_and_state_dict_round_trips(world):
     for out in world["sd"]:
         got, want = out["norm"]
         assert math.isclose(got, want, rel_tol=1e-5), out  # the global norm, not this rank's shard's
+        assert out["zero2_norm"] == got, out  # ZeRO-2's clip: the same shards, the same norm
         assert out["ratio_spread"] <= 1e-6 and out["ratio"] < 1.0, out  # one factor for every element
         assert out["full_round_trip"] and out["sharded_round_trip"], out
 
