@@ -75,6 +75,10 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
         baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
 
     rule = rule_of(scenario, semantics)
+    # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
+    comm = None
+    if semantics.communication is not None:
+        comm = semantics.communication.simulator(scenario, [(n, p) for n, p in model.named_parameters() if p.requires_grad])
     for step in range(feats.total_steps(scenario)):
         if anchor is not None and anchor.params_before(step) is not None:  # the engine's own state
             load_params(model, anchor.params_before(step))
@@ -103,7 +107,10 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
         load_buffers(model, rank0_buffers)
-        total = {n: reduce(local[n], divisor, rule) for n, _ in named}
+        if comm is not None:
+            total = comm.reduce([{n: local[n][r] for n, _ in named} for r in range(len(active))])
+        else:
+            total = {n: reduce(local[n], divisor, rule) for n, _ in named}
         if semantics.unused == Unused.ZEROS:
             total = {n: torch.zeros_like(p) if total[n] is None else total[n] for n, p in named}
         if semantics.buffers == Buffers.AFTER_BACKWARD:  # rank 0's buffers broadcast after the synced backward

@@ -41,8 +41,15 @@ class PowerSGDAdapter(DDPLikeAdapter):
                          capabilities=DDP_CAPABILITIES - {C.COMM_HOOK, C.SPARSE, C.JOIN, C.MIXED_PRECISION})
 
     def unavailable(self, scenario) -> str | None:
-        if scenario.features:
-            return "the PowerSGD simulation is wired into the plain DDP oracle only (not the production-training one yet)"
+        feats = dict(scenario.features)
+        if feats.get("freeze"):
+            return "requires_grad toggles change DDP's buckets mid-run: the simulated bucket layout is fixed"
+        if feats.get("compile"):
+            return ("under torch.compile, DDPOptimizer splits the graph at its own bucket boundaries: the hook sees "
+                    "buckets the simulation does not model")
+        if feats.get("save_load_at") is not None:
+            return ("PowerSGDState (error buffers, Q, iteration) is checkpointed apart from DDP's state_dict "
+                    "(torch: PowerSGDState.__getstate__); the round trip here saves DDP's state_dict only")
         if scenario.world_size > 2:
             return ("the PowerSGD simulation is exact at 2 ranks; beyond, the backend's summation order of P, Q and "
                     "the uncompressed part feeds the orthogonalization and no derived envelope exists yet")
