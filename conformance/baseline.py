@@ -48,6 +48,7 @@ from conformance.semantics import (
     Accumulation,
     Buffers,
     ConstructionSync,
+    Precision,
     Semantics,
     Unused,
 )
@@ -131,6 +132,11 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     optimizer = make_optimizer(scenario.optimizer, params)
+    # Declared fp32 master weights: the optimizer steps fp32 copies, the parameters get them cast back.
+    master = None
+    if sem.precision == Precision.FP32_MASTER and scenario.dtype in ("bfloat16", "float16"):
+        master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+        optimizer = make_optimizer(scenario.optimizer, master)
     # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
     comm = sem.communication.simulator(scenario, named) if sem.communication is not None else None
     state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
@@ -208,10 +214,15 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
         if optimizer is not None:
             # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
             stepped = anchor.grads(step) if anchor is not None else None
-            for name, p in named:
+            for i, (name, p) in enumerate(named):
                 g = reference(avg[name]) if stepped is None else dense(stepped.get(name))
-                p.grad = None if g is None else g.clone()
+                target = p if master is None else master[i]
+                target.grad = None if g is None else g.clone().to(target.dtype)
             optimizer.step()
+            if master is not None:  # the half-precision parameters are the masters cast back
+                with torch.no_grad():
+                    for p, m in zip(params, master, strict=True):
+                        p.copy_(m.to(p.dtype))
             set_to_none = scenario.zero_grad != "alternate" or step % 2 == 0
             carried = {n: None if (set_to_none or avg[n] is None) else torch.zeros_like(p) for n, p in named}
             optimizer.zero_grad(set_to_none=True)

@@ -57,6 +57,15 @@ class Buffers(str, enum.Enum):
     AFTER_BACKWARD = "rank0-after-backward"  # rank 0's at construction and after each synced backward
 
 
+class Precision(str, enum.Enum):
+    """What the optimizer steps when the parameters are half precision."""
+
+    PARAMS = "params"  # torch DDP: the user's optimizer steps the parameters themselves
+    # fp32 master copies: the half-precision gradient, cast to fp32, steps an fp32 copy of each
+    # parameter, which is then cast back (DeepSpeed's bf16 optimizer without loss scaling)
+    FP32_MASTER = "fp32-master"
+
+
 class Unused(str, enum.Enum):
     """What a parameter no rank used holds after a synced backward."""
 
@@ -85,6 +94,7 @@ class Semantics:
     buffers: Buffers = Buffers.BEFORE_FORWARD
     unused: Unused = Unused.NONE
     scaling: Scaling = Scaling.PRE
+    precision: Precision = Precision.PARAMS
     lossy: Tolerance | None = None
     # Lossy communication the oracle simulates exactly (conformance.powersgd_oracle.PowerSGDConfig):
     # no bound, the algorithm itself, run over the ranks' gradients with the engine's state and seeds.

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 
+import torch
 from torch import Tensor, nn
 
 from conformance.adapters.engines import probe, production_features
@@ -38,7 +40,7 @@ from conformance.adapters.engines.deepspeed import (
     save_engine_checkpoint,
 )
 from conformance.adapters.protocol import OptimizerSpec
-from conformance.semantics import Accumulation, Semantics
+from conformance.semantics import Accumulation, Precision, Semantics
 from conformance.spec import Capability as C
 
 SEMANTICS = Semantics(
@@ -47,6 +49,11 @@ SEMANTICS = Semantics(
              "gradient_accumulation_steps before backward (scale_wrt_gas=True); engine.step() steps at the "
              "accumulation boundary only",),
 )
+
+
+BF16_SOURCE = ("DeepSpeed config 'bf16': {'enabled': true} without ZeRO: engine._do_optimizer_sanity_check picks "
+               "DDP_BFLOAT16, an FP16_UnfusedOptimizer over bf16 parameters with fp32 master copies (no loss scaling "
+               "for bf16)")
 
 
 class _EngineStep:
@@ -109,11 +116,17 @@ class DeepSpeedStage0Adapter:
     name, area = "deepspeed-zero0", "ddp"
     owns = frozenset({"optimizer", "backward"})
     checkpoint_api = True  # engine.save_checkpoint / load_checkpoint
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUFFER_BROADCAST})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUFFER_BROADCAST, C.HALF_PRECISION})
     semantics = SEMANTICS
 
     def __init__(self):
         self.version, self._why = probe("deepspeed", "deepspeed", INSTALL)
+
+    def semantics_for(self, scenario) -> Semantics:
+        """bf16 parameters: DeepSpeed's `bf16` config, its optimizer steps fp32 master copies."""
+        if scenario.dtype == "bfloat16":
+            return replace(SEMANTICS, precision=Precision.FP32_MASTER, sources=(*SEMANTICS.sources, BF16_SOURCE))
+        return SEMANTICS
 
     def unavailable(self, scenario) -> str | None:
         if self._why:
@@ -127,8 +140,8 @@ class DeepSpeedStage0Adapter:
         if mb & (mb - 1):
             return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
                     "the oracle divides each gradient; the same bits only for powers of two")
-        if scenario.dtype in ("float16", "bfloat16"):
-            return "DeepSpeed's bf16/fp16 (fp32 master weights, its loss scaler) is not modelled by the oracle yet"
+        if scenario.dtype == "float16":
+            return "DeepSpeed's fp16 (dynamic loss scaler, skipped steps) is not modelled by the oracle yet"
         if scenario.zero_grad == "alternate":
             return "engine.step() clears the gradients itself: zero_grad(set_to_none=False) has no engine equivalent"
         return production_features(scenario, UNSUPPORTED)
@@ -145,6 +158,7 @@ class DeepSpeedStage0Adapter:
             "gradient_accumulation_steps": optimizer.micro_batches,
             "gradient_clipping": float(optimizer.clip or 0.0),
             "zero_optimization": {"stage": 0},
+            "bf16": {"enabled": next(module.parameters()).dtype == torch.bfloat16},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
