@@ -95,7 +95,8 @@ def _mismatch(name: str, problem: str, bad: Tensor, ef: Tensor, af: Tensor, outs
     flat = int(masked.flatten().argmax()) if masked.numel() else 0
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), like.shape)) if like.dim() else ()
     worst = float(outside.flatten()[flat]) if outside.numel() else 0.0
-    spacings = ulp(ef.to(like.dtype)).flatten() if like.numel() else torch.ones(1, dtype=torch.float64)
+    spacings = ulp(ef.to(like.dtype) if like.is_floating_point() else like).flatten() if like.numel() \
+        else torch.ones(1, dtype=torch.float64)
     spacing = float(spacings[flat])
     others = []
     if int(bad.sum()) > 1:  # the next worst, so a reader sees how far outside each failing element lies

@@ -195,7 +195,9 @@ def rule_of(scenario, semantics):
 
 
 def ulp(t: Tensor) -> Tensor:
-    """The spacing of `t`'s dtype at each element's magnitude, float64 (never 0)."""
+    """The spacing of `t`'s dtype at each element's magnitude, float64 (never 0; 1 for integers and bools)."""
+    if not t.is_floating_point():
+        return torch.ones(t.shape, dtype=torch.float64, device=t.device)
     a = t.detach().abs()
     up = torch.nextafter(a, torch.full_like(a, math.inf))
     return (up.double() - a.double()).clamp_min(torch.finfo(t.dtype).tiny)

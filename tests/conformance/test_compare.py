@@ -60,3 +60,13 @@ def test_each_failing_element_says_how_far_outside_the_rule_it_lies():
     text = m.render()
     assert "3 of 4 elements differ" in text and m.worst_index == (3,) and m.outside_ulps == 2.0
     assert "at [1]: expected 2.0" in text and "(3 ulps)" in text and "at [0]: expected 1.0" in text and "(1 ulps)" in text
+
+
+def test_an_integer_buffer_mismatch_is_a_wrong_value_not_a_crash():
+    from conformance.compare import compare_tensor
+    from conformance.spec import EXACT
+
+    m = compare_tensor("bn.num_batches_tracked", torch.tensor(3), torch.tensor(4), EXACT)
+    assert "1 of 1 elements differ" in m.render() and m.outside == 1.0 and m.outside_ulps == 1.0
+    m = compare_tensor("mask", torch.tensor([True, False]), torch.tensor([True, True]), EXACT)
+    assert m is not None and m.worst_index == (1,)
