@@ -143,6 +143,10 @@ class DeepSpeedAdapter:
             return self._why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
+        if scenario.dtype in ("float16", "bfloat16"):
+            return ("half-precision parameters: ZeRO's bf16/fp16 config exposes fp32 master-partition gradients "
+                    "(safe_get_full_grad) and fp16 adds its loss scaler; not modelled by the oracle yet "
+                    "(deepspeed-zero0 runs bf16)")
         return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedWrapped:
