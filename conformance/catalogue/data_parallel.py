@@ -170,6 +170,6 @@ def issue30_scenarios() -> list[Scenario]:
              description="an evaluation call under torch.no_grad() before the training calls"),
         make("eval-last", "cnn-bn-train", w=2, batch=8, exact_data=False, switches={"eval_last": True},
              description="module.eval() before the last call: the replicas follow the module's mode at each call"),
-        make("scalar-out", "scalar-out", w=2, dtype="float64", profiles=STANDARD,
+        make("scalar-out", "scalar-out", w=2, dtype="float64",
              description="fp64 per-replica scalars keep their dtype in the gathered vector"),
     ]
