@@ -50,9 +50,6 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     at plan time (`conformance.feature_support`) and here.
     """
     semantics = semantics or TORCH_DDP
-    if semantics.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY):
-        raise ValueError(f"scenario {scenario.id}: the production-training oracle does not model the buffer rule "
-                         f"{semantics.buffers.value!r}")
     feats = Features.of(scenario)
     W = scenario.world_size
     torch.manual_seed(scenario.seed)
@@ -60,6 +57,9 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
         scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=0,
         dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
     )
+    if semantics.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY) and list(model.buffers()):
+        raise ValueError(f"scenario {scenario.id}: the production-training oracle does not model the buffer rule "
+                         f"{semantics.buffers.value!r} (the model has buffers)")
     if feats.join and list(model.buffers()):
         raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
     opt = optimizer(scenario, feats, [p for p in model.parameters() if p.requires_grad])

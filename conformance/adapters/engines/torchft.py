@@ -120,6 +120,12 @@ class TorchFTWrapped(DDPLikeWrapped):
     def backward_stats(self):
         return None
 
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        # Every replica holds the all-reduced gradients: torch's global clip, before the wrapper's step.
+        import torch
+
+        torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad], max_norm)
+
     def close(self) -> None:
         """Stop the Manager's server and (rank 0) the lighthouse: nothing listens after the case."""
         self.manager.shutdown(wait=False)
@@ -151,8 +157,14 @@ class TorchFTAdapter:
             return "torchft's Manager commits a step through the optimizer wrapper: it needs an optimizer"
         if self.use_async_quorum and has_buffers(scenario):
             return "async quorum: the heal's copy of rank 0's buffers races with step 0's forward (not modelled)"
-        if scenario.features:
-            return "torchft's production features (its own checkpointing, LocalSGD/DiLoCo) are not modelled yet"
+        feats = dict(scenario.features)
+        if feats.get("save_load_at") is not None:
+            return ("a checkpoint must carry the Manager's state_dict too (torchft's docs); the round trip here saves "
+                    "DDP's state_dict and the optimizer's only")
+        if feats.get("compile"):
+            return "torch.compile's DDPOptimizer over torchft's one-rank dummy process group is not supported by torchft"
+        if self.use_async_quorum and scenario.features:
+            return "the first-optimizer-step rule is modelled by the plain oracle only"
         if scenario.dtype != "float32":
             return "torchft's ProcessGroupGloo is driven with fp32 gradients here"
         return None
