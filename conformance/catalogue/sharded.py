@@ -198,6 +198,9 @@ def issue30_scenarios() -> list[Scenario]:
         m("unused-on-rank1", "branches", w=2, dtype="float64", options=fuf,
           model_kwargs={"mode": "unused-on-rank1"},
           description="float64: the rank without a gradient contributes zeros of the parameter's dtype"),
+        m("no-sync-split", "mlp", w=2, micro_batches=3, model_kwargs={"no_sync_split": True}, extra=("S5",),
+          description="forwards inside no_sync() with their backward outside it, and the synced forward's backward "
+                      "inside it: the forward decides (DDP's rule)"),
         m("rank-idle-no-sync", "branches", w=2, micro_batches=2, options=fuf, model_kwargs={"mode": "rank-idle"},
           extra=("S8",), timeout_s=20, profiles=STANDARD,
           description="rank 1 reaches no parameter inside no_sync() too: no collective there"),

@@ -62,11 +62,20 @@ def run(payload, ctx) -> dict:
                     scenario.model, seed=scenario.seed, rank=ctx.rank, step=step, micro=micro,
                     size=scenario.shard_size(ctx.rank), dtype=scenario.dtype, device=ctx.device,
                 )
-                with contextlib.nullcontext() if synced else wrapped.no_sync():
-                    loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
-                    if skewed and scenario.skew == "backward":
-                        time.sleep(SKEW_S)
-                    backward(loss)
+                if scenario.kwargs().get("no_sync_split"):
+                    # Issue 30 (when is the flag read?): the forward decides (torch DDP's rule), so a
+                    # forward inside no_sync() whose backward runs outside it accumulates locally,
+                    # and a forward outside whose backward runs inside it is reduced.
+                    with contextlib.nullcontext() if synced else wrapped.no_sync():
+                        loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
+                    with wrapped.no_sync() if synced else contextlib.nullcontext():
+                        backward(loss)
+                else:
+                    with contextlib.nullcontext() if synced else wrapped.no_sync():
+                        loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
+                        if skewed and scenario.skew == "backward":
+                            time.sleep(SKEW_S)
+                        backward(loss)
                 record["events"].append(
                     {"kind": "backward", "step": step, "micro": micro, "synced": synced, "values": wrapped.full_gradients(),
                      "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
