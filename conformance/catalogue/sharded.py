@@ -201,6 +201,9 @@ def issue30_scenarios() -> list[Scenario]:
         m("no-sync-split", "mlp", w=2, micro_batches=3, model_kwargs={"no_sync_split": True}, extra=("S5",),
           description="forwards inside no_sync() with their backward outside it, and the synced forward's backward "
                       "inside it: the forward decides (DDP's rule)"),
+        m("discard-no-sync", "mlp", w=2, steps=2, micro_batches=2, model_kwargs={"discard_no_sync": True},
+          extra=("S5",), description="a no_sync() backward thrown away by zero_grad() before each step's "
+                                     "micro-batches: none of it reaches the step"),
         m("rank-idle-no-sync", "branches", w=2, micro_batches=2, options=fuf, model_kwargs={"mode": "rank-idle"},
           extra=("S8",), timeout_s=20, profiles=STANDARD,
           description="rank 1 reaches no parameter inside no_sync() too: no collective there"),

@@ -56,6 +56,15 @@ def run(payload, ctx) -> dict:
     t0 = time.perf_counter()
     try:
         for step in range(scenario.steps):
+            if scenario.kwargs().get("discard_no_sync") and optimizer is not None:
+                # Issue 30 (end of life of a local accumulation): a no_sync() backward thrown away by
+                # zero_grad() before the step's own micro-batches; nothing of it may reach the step.
+                (x,) = make_inputs(scenario.model, seed=scenario.seed, rank=ctx.rank, step=step,
+                                   micro=scenario.micro_batches, size=scenario.shard_size(ctx.rank),
+                                   dtype=scenario.dtype, device=ctx.device)
+                with wrapped.no_sync():
+                    backward(loss_fn(wrapped(x, rank=ctx.rank, micro=scenario.micro_batches)))
+                _zero_grad(scenario, step, optimizer, wrapped, owns)
             for micro in range(scenario.micro_batches):
                 synced = micro == scenario.micro_batches - 1
                 (x,) = make_inputs(
