@@ -251,9 +251,10 @@ class FullyShardedDataParallel(nn.Module):
         if unit.root:
             if not torch.is_grad_enabled():
                 self._free_all()
-            elif self._sync_backward and not reaches_any(output, self._param_ids):
+            elif not reaches_any(output, self._param_ids):
                 # This rank's backward fires no gradient hook, yet the other ranks expect its
-                # share of every collective (pytorch/pytorch#40566): reduce now, same order.
+                # share of every collective (pytorch/pytorch#40566): reduce now, same order;
+                # and free now, inside no_sync() too, so the next forward gathers everywhere.
                 self._end_of_backward()
             return output
         if self.reshard_after_forward:
@@ -315,22 +316,33 @@ class FullyShardedDataParallel(nn.Module):
         device = self._params[0].param.device if self._params else torch.device("cpu")
         used = torch.tensor([q.param.grad is not None for q in self._params], dtype=torch.int32, device=device)
         dist.all_reduce(used, group=self.process_group)
-        W = self.world_size
         for q, n_ranks in zip(self._params, used.tolist(), strict=True):
             if n_ranks == 0:
                 continue  # no rank used it: its sharded gradient stays as it was
-            grad = q.param.grad
-            rdtype = self.mp.reduce_dtype or (grad.dtype if grad is not None else q.param.dtype)
-            padded = torch.zeros(q.chunk * W, dtype=rdtype, device=device)
-            if grad is not None:
-                torch.div(grad.reshape(-1).to(rdtype), W, out=padded[:q.numel])
-                q.param.grad = grad = None  # the padded copy is all the bucketer needs: free it now
-            self.bucketer.reduce_scatter_async(list(padded.view(W, q.chunk)), self.process_group,
+            self.bucketer.reduce_scatter_async(self._chunks_to_reduce(q, device), self.process_group,
                                                functools.partial(_accumulate, q))
+            q.param.grad = None  # the bucketer copied what it needs
         self.bucketer.flush()
         self.bucketer.teardown()
         for q in self._params:
             q.param.grad = None
+
+    def _chunks_to_reduce(self, q: _Param, device: torch.device) -> list[Tensor]:
+        """The W chunks of ``grad / W`` in the reduce dtype: views of the gradient where a chunk
+        is all real elements, a zero-padded copy only for the chunk that holds the end."""
+        W, grad = self.world_size, q.param.grad
+        rdtype = self.mp.reduce_dtype or (grad.dtype if grad is not None else q.param.dtype)
+        if grad is None:  # another rank used it: this rank's share is zero
+            return list(torch.zeros(W, q.chunk, dtype=rdtype, device=device))
+        # In place: the gradient is dropped right after (as DDP divides its bucket views in place).
+        flat = grad.reshape(-1).to(rdtype).div_(W)
+        full = q.numel // q.chunk if q.chunk else W
+        chunks = list(flat[:full * q.chunk].view(full, q.chunk))
+        if full < W:
+            tail = flat.new_zeros((W - full) * q.chunk)
+            tail[:q.numel - full * q.chunk] = flat[full * q.chunk:]
+            chunks += list(tail.view(W - full, q.chunk))
+        return chunks
 
     # --- optimizer support ------------------------------------------------------------------
     def sharded_parameters(self) -> list[nn.Parameter]:
@@ -452,7 +464,7 @@ def _accumulate(q: _Param, reduced: Tensor) -> None:
     """Bucketer callback: add the reduced chunk (cast to the shard's dtype) to the sharded gradient."""
     reduced = reduced.to(q.shard.dtype)
     if q.shard.grad is None:
-        q.shard.grad = reduced.clone()
+        q.shard.grad = reduced  # a view of this flush's own output (the bucketer never reuses it)
     else:
         q.shard.grad.add_(reduced)
 
