@@ -191,9 +191,9 @@ class ImmediateAtShardSize(Bucketer):
         return numel >= shard
 
 
-@mutant("allreduce-global-rank", "B7", "who",
-        "reduce-scatter done as an all_reduce of the concatenation, keeping the part of the *global* rank: wrong "
-        "on any group whose members' group ranks differ from their global ranks")
+@mutant("allreduce-global-rank", "B7", "who", may_abort=True,
+        bug="reduce-scatter done as an all_reduce of the concatenation, keeping the part of the *global* rank: "
+            "wrong (or a collective mismatch) on any group whose members' group ranks differ from their global ranks")
 class AllreduceGlobalRank(Bucketer):
     def reduce(self, flat, numel, group):
         total = flat.clone()

@@ -174,7 +174,9 @@ class PoolGradModeFromFirstCall(Correct):
     _pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its pool
 
     def apply(self, replicas, args, kwargs, devs):
-        self._fired(self._pool.grad_enabled != torch.is_grad_enabled())
+        # visible only one way: a pool without grad mode under a training call (the other way the
+        # replicas' graphs exist, but the gather in the caller's no_grad() cuts them off)
+        self._fired(torch.is_grad_enabled() and not self._pool.grad_enabled)
         return self._pool.run(replicas, args, kwargs)
 
     def data_parallel(self, module, *rest, **kw):
