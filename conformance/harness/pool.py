@@ -20,8 +20,8 @@ blocked in a collective, or asleep, shows none), or if the ranks are still busy 
 `HARD_CAP` times the budget (a livelock). On an idle machine a hang is reported right at the
 budget, as before.
 
-Activity is not CPU time alone (`activity_seconds`): a rank that is runnable but waits for a
-core (its run-queue delay, /proc/<pid>/task/*/schedstat), or that waits for the disk (a
+Activity is not CPU time alone (`activity_sample`): a rank that is runnable but waits for a
+core (the run-queue delay, /proc/<pid>/task/*/schedstat, of a thread in state R), or that waits for the disk (a
 thread in state D: page faults on torch's libraries when memory is tight), is working, not
 stalled. Measured here (2 cores, load 26, ranks starting): each rank got 0.02 CPU-s per
 second and 1.0 s of run-queue wait per second. With the kernel's per-session fair share
@@ -377,33 +377,34 @@ def cpu_seconds(pids) -> float | None:
     return total / ticks
 
 
-def activity_seconds(pids) -> tuple[float, bool] | None:
-    """(CPU time + run-queue wait, any thread waiting for the disk) over every thread.
+def activity_sample(pids) -> tuple[float, dict[str, float], bool] | None:
+    """(CPU seconds of the processes, run-queue wait of each thread runnable now, any thread in D).
 
-    See [Note: timeouts under load]: a rank that waits for a core or for the disk is busy,
-    not stalled. Falls back to `cpu_seconds` where schedstat is absent; None without /proc.
+    See [Note: timeouts under load]. CPU comes from each process's own counters (threads that
+    ended still count); run-queue wait (schedstat) only from threads in state R, since a blocked
+    thread that wakes now and then (a timed wait in a collective) waits for a core too under
+    load and must not add up to "busy". None without /proc.
     """
-    total, io_wait, seen = 0.0, False, False
+    cpu = cpu_seconds(pids)
+    if cpu is None:
+        return None
+    waiting, io_wait = {}, False
     for pid in pids:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
-            continue  # the process is gone: it adds nothing
+            continue  # the process is gone
         for tid in tids:
             try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                    on_cpu, run_delay = fh.read().split()[:2]
                 with open(f"/proc/{pid}/task/{tid}/stat") as fh:
                     state = fh.read().rsplit(")", 1)[1].split()[0]
+                if state == "R":
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                        waiting[f"{pid}/{tid}"] = int(fh.read().split()[1]) / 1e9
             except (OSError, IndexError, ValueError):
-                continue  # the thread ended between listing and reading
-            seen = True
-            total += (int(on_cpu) + int(run_delay)) / 1e9
+                continue  # the thread ended between listing and reading, or no schedstat
             io_wait = io_wait or state == "D"
-    if not seen:
-        cpu = cpu_seconds(pids)
-        return None if cpu is None else (cpu, False)
-    return total, io_wait
+    return cpu, waiting, io_wait
 
 
 class Watchdog:
@@ -413,12 +414,20 @@ class Watchdog:
         self.pids, self.budget = list(pids), budget
         self.hard_cap = HARD_CAP if hard_cap is None else hard_cap
         self.started = self.progressed_at = self.sampled_at = time.monotonic()
-        sample = activity_seconds(self.pids)
-        self.active = None if sample is None else sample[0]
+        sample = activity_sample(self.pids)
+        self.cpu = None if sample is None else sample[0]
+        self.waiting = {} if sample is None else sample[1]
 
     def note_progress(self) -> None:
         """A rank said it moved on (a start phase): progress whatever the counters say."""
         self.progressed_at = time.monotonic()
+
+    def _active_seconds(self, sample) -> float:
+        """CPU used since the last sample, plus the run-queue wait since then of threads that
+        were runnable at both samples (a thread that is runnable now waits for a core)."""
+        cpu, waiting, _ = sample
+        waited = sum(max(0.0, d - self.waiting[t]) for t, d in waiting.items() if t in self.waiting)
+        return (cpu - self.cpu) + waited
 
     def hung(self) -> str:
         """'' while the task may still answer; otherwise why it is considered hung.
@@ -427,16 +436,15 @@ class Watchdog:
         then (gloo's and faulthandler's threads), which must not add up to "progress".
         """
         now = time.monotonic()
-        sample = activity_seconds(self.pids) if now - self.sampled_at >= 1.0 else None
-        if sample is not None and self.active is not None:
-            active, io_wait = sample
-            if io_wait or (active - self.active) / (now - self.sampled_at) >= MIN_PROGRESS_RATE:
+        sample = activity_sample(self.pids) if now - self.sampled_at >= 1.0 else None
+        if sample is not None and self.cpu is not None:
+            if sample[2] or self._active_seconds(sample) / (now - self.sampled_at) >= MIN_PROGRESS_RATE:
                 self.progressed_at = now
-            self.active, self.sampled_at = active, now
+            self.cpu, self.waiting, self.sampled_at = sample[0], sample[1], now
         elapsed = now - self.started
         if elapsed < self.budget:
             return ""
-        if self.active is None:  # no /proc: a plain timeout
+        if self.cpu is None:  # no /proc: a plain timeout
             return f"no answer within the {self.budget:g}s timeout"
         idle = now - self.progressed_at
         if idle >= min(STALL_S, self.budget):
