@@ -26,7 +26,7 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
 
     depth = {s.id for s in fsdp_depth_scenarios()} | {s.id for s in issue30_scenarios()}
     assert {s.id for s in full} - depth <= ddp_ids
-    assert all(s.options.units or s.options.reshard_after_forward is False or "skew" in s.id
+    assert all(s.options.units or s.options.reshard_after_forward is False or s.options.hsdp_replicas or "skew" in s.id
                for s in fsdp_depth_scenarios())
     assert all(C.BUFFER_BROADCAST in s.requires for s in full if s.model in ("buffered", "cnn-bn"))
     assert {s.world_size for s in catalogue.select(area="sharded", profile="standard")} == {1, 2, 3, 4}
