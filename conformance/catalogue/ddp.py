@@ -71,6 +71,9 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         # -- model structure
         m("tied", "tied"),
         m("tied", "tied", w=4, profiles=STANDARD),
+        m("tied-bf16", "tied", dtype="bfloat16", profiles=STANDARD,
+          description="a weight used twice in one step, bf16 parameters (the DeepSpeed #8224 class: a reused "
+                      "submodule under bf16)"),
         m("frozen", "frozen"),
         m("mixed-dtype", "mixed-dtype"),
         m("sparse", "embedding", model_kwargs={"sparse": True}),
