@@ -16,14 +16,17 @@ from __future__ import annotations
 
 from conformance.adapters.ddp_like import DDPLikeAdapter, DDPLikeWrapped
 from conformance.adapters.engines import probe
-from conformance.semantics import Buffers, Semantics
+from conformance.semantics import Buffers, Scaling, Semantics
 from conformance.spec import Capability as C
 
 INSTALL = "pip install -c constraints.txt 'gradparity[pfn]'  (pytorch-pfn-extras)"
 SEMANTICS = Semantics(
     buffers=Buffers.AFTER_BACKWARD,
+    scaling=Scaling.POST,
     sources=("pytorch_pfn_extras.nn.parallel.DistributedDataParallel docstring: "
-             "'broadcast_buffers: Boolean flag to broadcast buffers after backward computations'",),
+             "'broadcast_buffers: Boolean flag to broadcast buffers after backward computations'",
+             "pytorch_pfn_extras/nn/parallel/distributed.py _reduce: all_reduce of the coalesced sum, "
+             "then multi_tensor_scale by 1.0 / world_size (1/W after the sum)"),
 )
 CAPABILITIES = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUFFER_BROADCAST, C.HALF_PRECISION, C.ENGINE_ZERO_GRAD})
 
