@@ -36,7 +36,7 @@ class Mismatch:
         line = f"{self.name}: {self.problem}"
         if self.worst_index is not None:
             line += (
-                f"; max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}, worst at index "
+                f"; max abs err {self.max_abs:.3g}, max rel err {_relative(self.max_rel)}, worst at index "
                 f"{list(self.worst_index)}: expected {self.expected_value!r}, actual {self.actual_value!r}"
             )
         if self.outside is not None:
@@ -44,6 +44,11 @@ class Mismatch:
         for index, e, a, out, ulps in self.others or ():
             line += f"; at {list(index)}: expected {e!r}, actual {a!r}, {out:.3g} outside ({ulps:.3g} ulps)"
         return line
+
+
+def _relative(value: float) -> str:
+    """A relative error for people: where the expected value is 0 there is no ratio to print."""
+    return "inf (expected 0)" if value == float("inf") else f"{value:.3g}"
 
 
 def compare_tensor(name: str, expected: Tensor | None, actual: Tensor | None, tol: Tolerance) -> Mismatch | None:
@@ -90,7 +95,9 @@ def compare_tensor(name: str, expected: Tensor | None, actual: Tensor | None, to
 def _mismatch(name: str, problem: str, bad: Tensor, ef: Tensor, af: Tensor, outside: Tensor, like: Tensor) -> Mismatch:
     """The worst failing element (the farthest outside the rule), with its expected and actual values."""
     diff = (af - ef).abs()
-    rel = diff / ef.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    # Relative to the expected value; where that is 0 any difference is infinitely relative, and
+    # the message says so instead of dividing by the smallest float (which printed 8.99e+307).
+    rel = torch.where(ef != 0, diff / ef.abs(), torch.where(diff > 0, float("inf"), 0.0))
     masked = torch.where(bad, outside.nan_to_num(float("inf")), torch.full_like(outside, -1.0))
     flat = int(masked.flatten().argmax()) if masked.numel() else 0
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), like.shape)) if like.dim() else ()

@@ -70,3 +70,12 @@ def test_an_integer_buffer_mismatch_is_a_wrong_value_not_a_crash():
     assert "1 of 1 elements differ" in m.render() and m.outside == 1.0 and m.outside_ulps == 1.0
     m = compare_tensor("mask", torch.tensor([True, False]), torch.tensor([True, True]), EXACT)
     assert m is not None and m.worst_index == (1,)
+
+
+def test_a_difference_where_zero_was_expected_reads_as_infinitely_relative_not_a_huge_number():
+    """An expected 0 has no ratio: the message says so (it printed 8.99e+307 before)."""
+    m = compare_tensor("w", torch.tensor([0.0, 2.0]), torch.tensor([0.5, 2.0]), Tolerance())
+    assert m is not None and m.max_rel == float("inf")
+    assert "max rel err inf (expected 0)" in m.render() and "e+307" not in m.render()
+    m = compare_tensor("w", torch.tensor([0.0, 2.0]), torch.tensor([0.0, 3.0]), Tolerance())
+    assert m is not None and m.max_rel == 0.5 and "max rel err 0.5," in m.render()
