@@ -96,23 +96,23 @@ def _sum(tensors: list[Tensor]) -> Tensor:
 
 def bucket_layout(scenario, named: list[tuple[str, Tensor]], ready_order: list[str]) -> list[list[str]]:
     """DDP's buckets (parameter names, in bucket order) after the rebuild, as the reducer forms them."""
-    import torch.distributed as dist
+    from refimpl._torch_compat import ddp_bucket_assignment, ddp_first_bucket_bytes
 
     opts = scenario.options
     default_cap = opts.bucket_cap_mb is None
     cap = int((25 if default_cap else opts.bucket_cap_mb) * 1024 * 1024)
-    first = dist._DEFAULT_FIRST_BUCKET_BYTES if default_cap else cap
+    first = ddp_first_bucket_bytes() if default_cap else cap
     params = [p for _, p in named]
     names = [n for n, _ in named]
     rebuilds = opts.static_graph or not opts.find_unused_parameters
     if rebuilds:
         index = {n: i for i, n in enumerate(names)}
         order = [n for n in ready_order if n in index] + [n for n in names if n not in ready_order]
-        buckets, _ = dist._compute_bucket_assignment_by_size(
+        buckets, _ = ddp_bucket_assignment(
             [params[index[n]] for n in order], [first, cap], [False] * len(order), [index[n] for n in order])
     else:
         limits = [first, cap] if first < cap else [cap]
-        buckets, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
+        buckets, _ = ddp_bucket_assignment(params, limits, [False] * len(params))
         buckets = list(reversed(buckets))
     return [[names[i] for i in bucket] for bucket in buckets]
 

@@ -119,6 +119,26 @@ MODULE_CHILDREN = "_modules"
 
 
 # -- distributed ------------------------------------------------------------------------------
+def ddp_bucket_assignment(params, limits, expect_sparse, tensor_indices=None):
+    """torch DDP's own bucket assignment (the C++ ``_compute_bucket_assignment_by_size``).
+
+    The conformance suite's PowerSGD oracle needs the exact buckets torch's reducer forms, since
+    PowerSGD compresses per bucket; re-deriving them would model torch instead of asking it.
+    """
+    import torch.distributed as dist
+
+    if tensor_indices is None:
+        return dist._compute_bucket_assignment_by_size(params, limits, expect_sparse)
+    return dist._compute_bucket_assignment_by_size(params, limits, expect_sparse, tensor_indices)
+
+
+def ddp_first_bucket_bytes() -> int:
+    """The size cap of DDP's first bucket when ``bucket_cap_mb`` is left at its default."""
+    import torch.distributed as dist
+
+    return dist._DEFAULT_FIRST_BUCKET_BYTES
+
+
 def ddp_mixed_precision(reduce_dtype: torch.dtype):
     """torch DDP's ``mixed_precision=`` argument reducing gradients in ``reduce_dtype``.
 

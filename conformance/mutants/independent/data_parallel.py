@@ -21,6 +21,7 @@ import torch
 
 from conformance.mutants.registry import Registry
 from conformance.spec import Capability
+from refimpl._torch_compat import MODULE_BUFFERS
 from refimpl.data_parallel import gather, parallel_apply, replicate, scatter_kwargs
 from refimpl.data_parallel.devices import normalize_device, normalize_devices
 from refimpl.nested import move_to
@@ -247,10 +248,11 @@ class BuffersWrittenBackLate(Correct):
         replicas = super().replicate(module, devs)
         pending = []
         for orig_m, rep_m in zip(module.modules(), replicas[0].modules(), strict=True):
-            for key, b in list(rep_m._buffers.items()):
-                if b is not None and not b.requires_grad and b is orig_m._buffers.get(key):
-                    rep_m._buffers[key] = b.clone()
-                    pending.append((b, rep_m._buffers[key]))
+            rep_buffers, orig_buffers = getattr(rep_m, MODULE_BUFFERS), getattr(orig_m, MODULE_BUFFERS)
+            for key, b in list(rep_buffers.items()):
+                if b is not None and not b.requires_grad and b is orig_buffers.get(key):
+                    rep_buffers[key] = b.clone()
+                    pending.append((b, rep_buffers[key]))
         self._pending[module] = pending
         return replicas
 
