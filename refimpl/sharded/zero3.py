@@ -175,8 +175,8 @@ class FullyShardedDataParallel(nn.Module):
         # Every module path that registers each parameter (a shared parameter has several).
         where: dict[int, tuple[str, nn.Parameter, list[str]]] = {}
         for mpath, m in self.module.named_modules(remove_duplicate=False):
-            for pname, p in m._parameters.items():
-                if p is None or not p.requires_grad:
+            for pname, p in m.named_parameters(recurse=False, remove_duplicate=False):
+                if not p.requires_grad:
                     continue
                 name = f"{mpath}.{pname}" if mpath else pname
                 where.setdefault(id(p), (name, p, []))[2].append(mpath)
@@ -202,9 +202,9 @@ class FullyShardedDataParallel(nn.Module):
             owner.params.append(entry)
         if replaced:
             for m in self.module.modules():
-                for pname, p in list(m._parameters.items()):
-                    if p is not None and id(p) in replaced:
-                        m._parameters[pname] = replaced[id(p)]
+                for pname, p in list(m.named_parameters(recurse=False, remove_duplicate=False)):
+                    if id(p) in replaced:
+                        setattr(m, pname, replaced[id(p)])  # a leaf Parameter: registered as usual
         with torch.no_grad():
             for unit in units:
                 for dtype, group in unit.by_dtype().items():
