@@ -150,29 +150,41 @@ class DeepSpeedAdapter:
         return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedWrapped:
-        import deepspeed
-
-        os.environ.setdefault("LOCAL_RANK", str(ctx.rank))
-        os.environ.setdefault("RANK", str(ctx.rank))
-        os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
-        _no_jit_shm_op()
-        config = {
-            "train_micro_batch_size_per_gpu": 1,
+        engine, ds_optimizer = initialize(module, ctx, optimizer, {
             "gradient_accumulation_steps": 1,
-            "gradient_clipping": float(optimizer.clip or 0.0),
             "zero_allow_untested_optimizer": True,
             "zero_optimization": {"stage": self.stage},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        torch_optimizer = optimizer.build([p for p in module.parameters() if p.requires_grad])
-        with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - its banner and config dump
-            engine, ds_optimizer, _, _ = deepspeed.initialize(
-                model=module, optimizer=torch_optimizer, config=config, dist_init_required=False,
-            )
+        })
         wrapped = DeepSpeedWrapped(engine, ds_optimizer, self.stage)
         wrapped.group = ctx.group
         return wrapped
+
+
+def initialize(module: nn.Module, ctx, optimizer: OptimizerSpec, config: dict):
+    """`deepspeed.initialize` on this rank's group with the suite's fixed settings plus `config`.
+
+    Every DeepSpeed adapter builds its engine the same way: the rank's environment, no JIT-built
+    ops, one sample per micro-batch, the scenario's clipping, quiet logs. Returns (engine, optimizer).
+    """
+    import deepspeed
+
+    os.environ.setdefault("LOCAL_RANK", str(ctx.rank))
+    os.environ.setdefault("RANK", str(ctx.rank))
+    os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
+    _no_jit_shm_op()
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_clipping": float(optimizer.clip or 0.0),
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        **config,
+    }
+    torch_optimizer = optimizer.build([p for p in module.parameters() if p.requires_grad])
+    with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - its banner and config dump
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=module, optimizer=torch_optimizer, config=config, dist_init_required=False,
+        )
+    return engine, ds_optimizer
 
 
 def deepspeed_zero1() -> DeepSpeedAdapter:

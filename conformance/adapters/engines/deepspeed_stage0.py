@@ -24,7 +24,6 @@ oracle) — scenarios in half precision are skipped with that reason.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import replace
 
 import torch
@@ -35,7 +34,7 @@ from conformance.adapters.engines.deepspeed import (
     INSTALL,
     UNSUPPORTED,
     _cpu,
-    _no_jit_shm_op,
+    initialize,
     load_engine_checkpoint,
     save_engine_checkpoint,
 )
@@ -147,26 +146,11 @@ class DeepSpeedStage0Adapter:
         return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedStage0Wrapped:
-        import deepspeed
-
-        os.environ.setdefault("LOCAL_RANK", str(ctx.rank))
-        os.environ.setdefault("RANK", str(ctx.rank))
-        os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
-        _no_jit_shm_op()
-        config = {
-            "train_micro_batch_size_per_gpu": 1,
+        engine, _ = initialize(module, ctx, optimizer, {
             "gradient_accumulation_steps": optimizer.micro_batches,
-            "gradient_clipping": float(optimizer.clip or 0.0),
             "zero_optimization": {"stage": 0},
             "bf16": {"enabled": next(module.parameters()).dtype == torch.bfloat16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        torch_optimizer = optimizer.build([p for p in module.parameters() if p.requires_grad])
-        with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - its banner and config dump
-            engine, _, _, _ = deepspeed.initialize(
-                model=module, optimizer=torch_optimizer, config=config, dist_init_required=False,
-            )
+        })
         wrapped = DeepSpeedStage0Wrapped(engine)
         wrapped.group = ctx.group
         return wrapped
