@@ -29,6 +29,7 @@ def test_torch_zero_owns_the_optimizer_and_powersgd_declares_its_bound():
     assert powersgd.semantics.lossy is None and powersgd.semantics.communication is not None  # simulated, not bounded
     s = ddp.make("plain", "mlp")
     assert any("powerSGD_hook simulated" in d for d in powersgd.semantics.deviations())
-    assert registry.load("pfn-ddp").semantics.deviations() == ["buffers: rank0-after-backward (torch DDP: rank0-before-forward)"]
+    assert registry.load("pfn-ddp").semantics.deviations() == [
+        "buffers: rank0-after-backward (torch DDP: rank0-before-forward)", "scaling: post (torch DDP: pre)"]
     assert registry.load("torch-replicate").semantics.deviations() == ["construction_sync: first-forward (torch DDP: eager)"]
     assert powersgd.unavailable(s) is None and powersgd.unavailable(s.with_(dtype="float16")) is not None
