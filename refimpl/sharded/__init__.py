@@ -7,6 +7,8 @@
 * ``optimizer`` — ``ShardedOptimizer``: steps this rank's shards, all-gathers the parameters.
 * ``zero3``    — ``FullyShardedDataParallel`` (ZeRO-3): parameters sharded too, all-gathered
   per unit for its forward and backward, a ``MixedPrecisionPolicy``, full and sharded state dicts.
+* ``checkpoint`` — state dicts of both engines (and their optimizers) that
+  ``torch.distributed.checkpoint`` saves and loads: shards as DTensors, or full tensors.
 """
 
 from .bucketer import ReduceScatterBucketer
