@@ -17,10 +17,11 @@ One training step:
      policy's ``param_dtype`` first, as FSDP2 does: the all-gather moves the compute dtype);
   2. after a non-root unit's forward, with ``reshard_after_forward=True``, its parameters are
      freed again, and gathered once more before its backward (a hook on its outputs);
-  3. at the end of a synced backward, every gradient is cast to ``reduce_dtype``, divided by
-     W and reduce-scattered through a :class:`~refimpl.sharded.bucketer.ReduceScatterBucketer`
-     into this rank's sharded gradient (in the shard's dtype); full gradients and parameters
-     are freed;
+  3. as soon as a non-root unit's backward is done (a hook on its forward inputs), its
+     gradients are cast to ``reduce_dtype``, divided by W and reduce-scattered through a
+     :class:`~refimpl.sharded.bucketer.ReduceScatterBucketer` into this rank's sharded
+     gradient (in the shard's dtype), and its full gradients and parameters are freed; the
+     root unit (and any unit whose inputs need no gradient) at the end of the backward;
   4. the optimizer (``make_optimizer``) steps this rank's chunks; nothing is gathered after
      it — the next forward gathers.
 
@@ -31,12 +32,18 @@ forward, keep pointing at the same storage, so a unit resharded after forward co
 backward on the values gathered again before it (FSDP1 frees its flat parameter the same way).
 
 [Note: when gradients are reduced]
-As in ``ShardedDataParallel`` (see its note): all parameters at the end of the synced
-backward, in registration order, after one all-reduce of "who has a gradient", so ranks with
-different control flow still issue the same collectives. The price: a full gradient of every
-used parameter exists until the end of backward (FSDP2 reduce-scatters each unit as its
-backward ends, which needs every rank to reach every unit). Units are all-gathered as they
-run, so with rank-dependent control flow keep one root unit (the default).
+Per unit, as FSDP2 does: a unit's full gradients live only from its backward to the
+reduce-scatter right after it, so the peak holds one unit's gradients, not the model's. A
+unit's backward is done when the gradients of its forward inputs are: an identity autograd
+function on those inputs (``_PostBackward``) runs after the unit's parameter gradients were
+accumulated (autograd runs a parameter's AccumulateGrad as soon as it is ready). A unit
+called k times waits for k such calls. Each reduction starts with one all-reduce of "who has
+a gradient" over the unit's parameters, so a parameter some rank did not use is reduced with
+zeros from that rank and one no rank used keeps its gradient. The root unit, a unit whose
+inputs need no gradient, and a gradient that arrives after its unit was reduced are reduced
+at the end of the synced backward, in registration order. Per-unit reduction needs every
+rank to run every unit's backward (FSDP2 needs the same); units are also all-gathered as
+they run, so with rank-dependent control flow keep one root unit (the default).
 """
 
 from __future__ import annotations
@@ -97,6 +104,8 @@ class _Unit:
         self.params: list[_Param] = []
         self.flats: dict[torch.dtype, Tensor] = {}  # original dtype -> this rank's chunks end to end
         self.gathered = False
+        self.pending = 0  # forwards of this backward whose inputs' gradients are still to come
+        self.reduced = False  # reduced in this backward ([Note: when gradients are reduced])
 
     def by_dtype(self) -> dict[torch.dtype, list[_Param]]:
         out: dict[torch.dtype, list[_Param]] = {}
@@ -159,11 +168,13 @@ class FullyShardedDataParallel(nn.Module):
         self._params = [p for u in self._units for p in u.params]
         self._params.sort(key=lambda p: p.order)  # registration order: the reduction order
         self._param_ids = {id(p.param) for p in self._params}
+        self._unit_of = {id(q.param): u for u in self._units for q in u.params}
+        self._late: list[_Param] = []  # gradients that arrived after their unit was reduced
         for unit in self._units:
             unit.module.register_forward_pre_hook(functools.partial(self._pre_forward, unit))
             unit.module.register_forward_hook(functools.partial(self._post_forward, unit))
         for p in self._params:
-            p.param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
+            p.param.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, p))
 
     # --- construction -----------------------------------------------------------------------
     def _build_units(self, wrapped: list[nn.Module]) -> list[_Unit]:
@@ -246,6 +257,17 @@ class FullyShardedDataParallel(nn.Module):
                 broadcast_from_rank0(list(self.module.buffers()), self.process_group)
             self._sync_backward = self._sync
         self._gather(unit)
+        if unit.root or not (self._sync and torch.is_grad_enabled()):
+            return None
+        wanted = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad]
+        if not wanted:
+            return None  # no input gradient to wait for: reduced at the end of backward
+        unit.pending += 1
+        passed = _PostBackward.apply(functools.partial(self._post_backward, unit), *(args[i] for i in wanted))
+        out = list(args)
+        for i, t in zip(wanted, passed, strict=True):
+            out[i] = t
+        return tuple(out)
 
     def _post_forward(self, unit: _Unit, module, args, output):
         if unit.root:
@@ -297,8 +319,21 @@ class FullyShardedDataParallel(nn.Module):
         return self.module(*args, **kwargs)
 
     # --- gradient reduction -----------------------------------------------------------------
-    def _on_grad_accumulated(self, param: Tensor) -> None:
+    def _on_grad_accumulated(self, q: _Param, param: Tensor) -> None:
         self._queue_end()
+        if self._unit_of[id(q.param)].reduced:
+            self._late.append(q)  # its unit was reduced already: reduce this one at the end
+
+    @torch.no_grad()
+    def _post_backward(self, unit: _Unit) -> None:
+        """Every forward of ``unit`` in this backward has its input gradients: reduce and free it."""
+        self._queue_end()
+        unit.pending -= 1
+        if unit.pending > 0 or unit.reduced or not self._sync_backward:
+            return
+        self._reduce(sorted(unit.params, key=lambda q: q.order))
+        unit.reduced = True
+        self._free_unit(unit)
 
     def _queue_end(self) -> None:
         if not self._end_queued:
@@ -309,23 +344,28 @@ class FullyShardedDataParallel(nn.Module):
     def _end_of_backward(self) -> None:
         self._end_queued = False
         self._free_all()  # parameters first: the reduction needs only the gradients (lower peak)
+        late, self._late = self._late, []
         if self._sync_backward:
-            self._reduce_gradients()
+            rest = [q for q in self._params if not self._unit_of[id(q.param)].reduced]
+            self._reduce(rest + [q for q in late if q.param.grad is not None])
+            self.bucketer.teardown()
+            for q in self._params:
+                q.param.grad = None
+        for unit in self._units:
+            unit.pending, unit.reduced = 0, False
 
-    def _reduce_gradients(self) -> None:
+    def _reduce(self, params: list[_Param]) -> None:
+        """Reduce-scatter ``params``' full gradients into their shards (same calls on every rank)."""
         device = self._params[0].param.device if self._params else torch.device("cpu")
-        used = torch.tensor([q.param.grad is not None for q in self._params], dtype=torch.int32, device=device)
+        used = torch.tensor([q.param.grad is not None for q in params], dtype=torch.int32, device=device)
         dist.all_reduce(used, group=self.process_group)
-        for q, n_ranks in zip(self._params, used.tolist(), strict=True):
+        for q, n_ranks in zip(params, used.tolist(), strict=True):
             if n_ranks == 0:
                 continue  # no rank used it: its sharded gradient stays as it was
             self.bucketer.reduce_scatter_async(self._chunks_to_reduce(q, device), self.process_group,
                                                functools.partial(_accumulate, q))
             q.param.grad = None  # the bucketer copied what it needs
         self.bucketer.flush()
-        self.bucketer.teardown()
-        for q in self._params:
-            q.param.grad = None
 
     def _chunks_to_reduce(self, q: _Param, device: torch.device) -> list[Tensor]:
         """The W chunks of ``grad / W`` in the reduce dtype: views of the gradient where a chunk
@@ -448,6 +488,21 @@ class FullyShardedDataParallel(nn.Module):
                     f"{entry['shape']}; this is rank {self.rank} of {self.world_size} with shape {tuple(q.shape)}: "
                     "load a full state dict to change the world size")
             q.shard.copy_(entry["chunk"])
+
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a unit's forward inputs; its backward runs once their gradients are all
+    computed, after the unit's own parameter gradients ([Note: when gradients are reduced])."""
+
+    @staticmethod
+    def forward(ctx, hook, *inputs):
+        ctx.hook = hook
+        return inputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.hook()
+        return (None, *grads)
 
 
 def _chunk(full: Tensor, chunk: int, rank: int, world_size: int) -> Tensor:

@@ -130,6 +130,23 @@ def _state_dicts_and_clip(rank, world_size):
     }
 
 
+def _per_unit_reduction(rank, world_size):
+    """What is alive when the first block's weight gradient arrives (the last one backward makes)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Linear(6, 6) for _ in range(4)])
+    z3 = FullyShardedDataParallel(net, units=list(net))
+    seen = {}
+
+    def probe(_param):
+        seen["full_grads"] = [i for i, blk in enumerate(net) if blk.weight.grad is not None]
+        seen["gathered"] = [i for i, blk in enumerate(net) if blk.weight.untyped_storage().nbytes()]
+        seen["sharded_grads"] = [i for i, blk in enumerate(net) if z3._units[i + 1].params[0].shard.grad is not None]
+
+    net[0].weight.register_post_accumulate_grad_hook(probe)
+    z3(_x(0, rank)[:, :1].expand(4, 6).contiguous()).sum().backward()
+    return seen
+
+
 # One world per test, all on one xdist worker: a failing world is named by its own test (a
 # module-wide fixture attributed any world's crash to whichever test set it up first).
 _one_worker = pytest.mark.xdist_group("refimpl-zero3-worlds")
@@ -168,6 +185,16 @@ def test_global_norm_clipping_and_state_dict_round_trips():
         assert out["zero2_norm"] == got, out  # ZeRO-2's clip: the same shards, the same norm
         assert out["ratio_spread"] <= 1e-6 and out["ratio"] < 1.0, out  # one factor for every element
         assert out["full_round_trip"] and out["sharded_round_trip"], out
+
+
+@_one_worker
+@_known_abort
+def test_each_unit_is_reduced_and_freed_as_its_backward_ends():
+    for seen in run_world(_per_unit_reduction, 2, timeout=120):
+        # Blocks 1-3 (inputs that need a gradient) were reduce-scattered and freed before block 0's
+        # backward ended: one unit's full gradients at a time, not the model's. Block 0 (its input
+        # needs no gradient) is reduced at the end of backward.
+        assert seen == {"full_grads": [0], "gathered": [0], "sharded_grads": [1, 2, 3]}, seen
 
 
 def test_bad_options_say_what_to_do():
