@@ -23,7 +23,8 @@ replays exactly what the ranks did:
   that step's forward (bucket rebuild, unused parameters).
 - ``save_load_at``: after that many steps, save the wrapper's ``state_dict`` (torch DDP's
   ``module.``-prefixed keys) and the optimizer's, rebuild model, wrapper and optimizer from
-  the checkpoint, and train on: the oracle trains straight through.
+  the checkpoint, and train on: the oracle trains straight through. ``state_dict`` ("full" or
+  "sharded"): the sharded area's round trip instead (`conformance.runners.sharded_checkpoint`).
 - ``repeat``: run the whole scenario twice and report whether every gradient was bitwise
   identical (the determinism check; a failure only for an adapter that declares
   ``deterministic = True``).
@@ -55,6 +56,9 @@ class Features:
     clip: float | None = None
     freeze: tuple[tuple[int, str, bool], ...] = ()
     save_load_at: int | None = None
+    # sharded area (issue #26): the round trip saves "full" or "sharded" (torch.distributed.checkpoint)
+    # state dicts through the engine's own API (conformance.runners.sharded_checkpoint)
+    state_dict: str = ""
     repeat: int = 1
     # A small dyadic learning rate: 5+ steps on small-integer data stay finite (the base
     # catalogue's 2**-4 diverges to inf/nan by step 4 here, which would hide wrong values).

@@ -15,6 +15,13 @@ Placements (what `local_shards()` declares per parameter):
   padding included, and the padding must be zero.
 * ``dim0-chunk`` (FSDP2's default ``Shard(0)``): ``torch.chunk(full, W, dim=0)[r]`` — rows
   ``ceil(d0 / W)`` at a time, ranks past the last chunk hold an empty tensor (no padding).
+* ``dim1-chunk`` (FSDP2 with a ``shard_placement_fn`` returning ``Shard(1)``): the same along
+  dim 1 (FSDP2 accepts it only where W divides that dim).
+
+A scenario that asks for a placement (``WrapOptions.shard_placement``, issue #26) also checks
+that each shard's declared placement is the one asked for: an engine that accepts a
+``shard_placement_fn`` and shards on dim 0 anyway gathers the right tensors, so only this
+check sees it. The rule is here, once, for the adapters that build the function and the check.
 """
 
 from __future__ import annotations
@@ -31,7 +38,16 @@ from conformance.compare import (
     failure_message,
 )
 
-PLACEMENTS = ("flat-chunk", "dim0-chunk")
+PLACEMENTS = ("flat-chunk", "dim0-chunk", "dim1-chunk")
+SHARD_PLACEMENT_RULES = ("dim1-if-even",)
+
+
+def placement_dim(rule: str, shape: tuple[int, ...], world_size: int) -> int:
+    """The dim a parameter of `shape` is sharded on under `rule` ("dim1-if-even": dim 1 for a 2-D
+    parameter whose dim 1 the world size divides, else FSDP2's default dim 0)."""
+    if rule == "dim1-if-even":
+        return 1 if len(shape) == 2 and shape[1] % world_size == 0 else 0
+    raise ValueError(f"unknown shard placement rule {rule!r}; one of {SHARD_PLACEMENT_RULES}")
 
 
 def expected_shard(full: Tensor, placement: str, rank: int, world_size: int) -> Tensor:
@@ -46,6 +62,9 @@ def expected_shard(full: Tensor, placement: str, rank: int, world_size: int) -> 
             return full if rank == 0 else full.new_empty((0,))
         chunks = torch.chunk(full, world_size, dim=0)
         return chunks[rank] if rank < len(chunks) else full.new_empty((0, *full.shape[1:]))
+    if placement == "dim1-chunk":
+        chunks = torch.chunk(full, world_size, dim=1)
+        return chunks[rank] if rank < len(chunks) else full.new_empty((full.shape[0], 0, *full.shape[2:]))
     raise ValueError(f"unknown shard placement {placement!r}; one of {PLACEMENTS}")
 
 
@@ -74,6 +93,13 @@ def check_local_shards(scenario, adapter: str, records: dict[int, dict], repro: 
                         raise ConformanceError(f"[{scenario.id}] adapter {adapter}: rank {rank}, {where}: {what}\n"
                                                f"  repro: {repro}")
                     continue
+                rule = scenario.options.shard_placement
+                if rule and shard["placement"] != f"dim{placement_dim(rule, tuple(full.shape), scenario.world_size)}-chunk":
+                    asked = placement_dim(rule, tuple(full.shape), scenario.world_size)
+                    raise ConformanceError(
+                        f"[{scenario.id}] adapter {adapter}: rank {rank}, {where}: {name!r} ({tuple(full.shape)}) is "
+                        f"sharded as {shard['placement']}, but the scenario's shard_placement_fn ({rule}) asks for "
+                        f"dim {asked}: the engine ignored the placement function\n  repro: {repro}")
                 want = expected_shard(full, shard["placement"], rank, scenario.world_size)
                 bad = compare_tensor(f"{name} ({field} shard, {shard['placement']})", want,
                                      local.reshape(want.shape) if local.numel() == want.numel() else local,
@@ -86,6 +112,10 @@ def check_local_shards(scenario, adapter: str, records: dict[int, dict], repro: 
                               f"(placement {shard['placement']}; padding must be zero)"),
                         mismatches=[bad], tol=EXACT_ACROSS_RANKS, repro=repro))
         ranks_with += seen
+    if not ranks_with and scenario.options.shard_placement:
+        raise ConformanceError(f"[{scenario.id}] adapter {adapter}: the scenario asks for a shard placement "
+                               f"({scenario.options.shard_placement}) and no rank exposes its shards "
+                               f"(Wrapped.local_shards), so the placement cannot be checked\n  repro: {repro}")
     if not ranks_with:
         return 0, {"local_shards": "not exposed by the adapter (Wrapped.local_shards): gathered tensors only"}
     return count, {"local_shards": f"{count} shards bitwise equal to their slice ({', '.join(sorted(placements))})"}

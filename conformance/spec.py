@@ -43,6 +43,14 @@ class Capability(str, enum.Enum):
     SHARD_UNITS = "shard_units"
     RESHARD = "reshard_after_forward"
     HSDP = "hsdp"  # a 2-D (replicate, shard) mesh: FSDP2 HSDP, FSDP1 HYBRID_SHARD
+    # issue #26 part B: FSDP2's shard_placement_fn, its CPUOffloadPolicy, and a state-dict round
+    # trip (full, or sharded through torch.distributed.checkpoint) that a rebuilt engine loads
+    SHARD_PLACEMENT = "shard_placement_fn"
+    CPU_OFFLOAD = "cpu_offload"
+    STATE_DICT = "state_dict"
+    # issue #26 part A: reshard_after_forward as an int (FSDP2: reshard to groups of that many
+    # ranks after forward, all-gather within the group before backward)
+    RESHARD_INT = "reshard_after_forward_int"
 
     def __str__(self) -> str:  # shows up in skip reasons
         return self.value
@@ -175,8 +183,16 @@ class WrapOptions:
     # items, else each direct child with parameters); reshard_after_forward False keeps a unit's
     # parameters gathered from its forward to the end of backward. None: the engine's default.
     units: str | None = None
-    reshard_after_forward: bool | None = None
+    reshard_after_forward: bool | int | None = None  # an int: FSDP2's group size to reshard to
     hsdp_replicas: int | None = None  # HSDP: the replicate dimension of a (replicas, W // replicas) mesh
+    # FSDP2's shard_placement_fn: "dim1-if-even" shards a 2-D parameter on dim 1 where the world
+    # size divides that dim, else the default dim 0 (conformance.shards.requested_placement)
+    shard_placement: str | None = None
+    cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (pin_memory only on CUDA), FSDP1 CPUOffload
+    # sharded engines' mixed-precision policy (FSDP2 MixedPrecisionPolicy, FSDP1 MixedPrecision,
+    # refimpl ZeRO-3): compute in param_dtype from fp32 masters, reduce in reduce_dtype above
+    # (None: param_dtype), gradients cast back to the masters' dtype (conformance.baseline_mixed)
+    param_dtype: str | None = None
 
     def describe(self) -> str:
         parts = []
