@@ -16,7 +16,9 @@ One training step:
   1. before a unit's forward, its parameters are all-gathered from the shards (cast to the
      policy's ``param_dtype`` first, as FSDP2 does: the all-gather moves the compute dtype);
   2. after a non-root unit's forward, with ``reshard_after_forward=True``, its parameters are
-     freed again, and gathered once more before its backward (a hook on its outputs);
+     freed again, and gathered once more before its backward (a hook on its outputs); with an
+     int ``k``, each rank keeps 1/k of them and the backward gathers within a group of ``k``
+     ranks (``refimpl.sharded.reshard``, FSDP2's meaning);
   3. as soon as a non-root unit's backward is done (a hook on its forward inputs), its
      gradients are cast to ``reduce_dtype``, divided by W and reduce-scattered through a
      :class:`~refimpl.sharded.bucketer.ReduceScatterBucketer` into this rank's sharded
@@ -64,6 +66,7 @@ from ..ddp.unused_params import reaches_any
 from .bucketer import ReduceScatterBucketer
 from .engine import _all_gather_single
 from .optimizer import ShardedOptimizer
+from .reshard import PostForwardGroup, post_forward_group
 
 __all__ = ["FullyShardedDataParallel", "MixedPrecisionPolicy"]
 
@@ -104,6 +107,7 @@ class _Unit:
         self.params: list[_Param] = []
         self.flats: dict[torch.dtype, Tensor] = {}  # original dtype -> this rank's chunks end to end
         self.gathered = False
+        self.kept: dict[torch.dtype, Tensor] = {}  # reshard_after_forward=k: this rank's row block
         self.pending = 0  # forwards of this backward whose inputs' gradients are still to come
         self.reduced = False  # reduced in this backward ([Note: when gradients are reduced])
 
@@ -133,28 +137,29 @@ class FullyShardedDataParallel(nn.Module):
         process_group: group to shard over (default: the default group).
         units: submodules gathered as units of their own (the root is always one).
         reshard_after_forward: free a non-root unit's parameters after its forward (and
-            gather them again for its backward); False keeps them until the end of backward.
+            gather them again for its backward); False keeps them until the end of backward;
+            an int k (a divisor of the world size) keeps 1/k of them and gathers within groups
+            of k consecutive ranks before the backward (see ``refimpl.sharded.reshard``).
         mixed_precision: see :class:`MixedPrecisionPolicy`.
         bucket_cap_mb: reduce-scatter bucket size, see ``ReduceScatterBucketer``.
         broadcast_buffers: broadcast rank 0's buffers before every forward (DDP's rule).
     """
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-                 units: Iterable[nn.Module] = (), reshard_after_forward: bool = True,
+                 units: Iterable[nn.Module] = (), reshard_after_forward: bool | int = True,
                  mixed_precision: MixedPrecisionPolicy | None = None, bucket_cap_mb: float = 25,
                  broadcast_buffers: bool = True) -> None:
         super().__init__()
         assert dist.is_initialized(), (
             "FullyShardedDataParallel needs an initialized process group: call "
             "torch.distributed.init_process_group() first")
-        if not isinstance(reshard_after_forward, bool):
-            raise TypeError(f"reshard_after_forward must be True or False, not {reshard_after_forward!r} "
-                            "(resharding to a smaller group is not implemented)")
         self.module = module
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self.world_size = self.process_group.size()
         self.rank = dist.get_rank(self.process_group)
         self.reshard_after_forward = reshard_after_forward
+        # True / False, or the group a unit stays sharded over between its forward and backward
+        self._reshard_to = post_forward_group(reshard_after_forward, self.process_group)
         self.mp = mixed_precision or MixedPrecisionPolicy()
         self.broadcast_buffers = broadcast_buffers
         self.bucketer = ReduceScatterBucketer(bucket_cap_mb)
@@ -234,11 +239,13 @@ class FullyShardedDataParallel(nn.Module):
         if unit.gathered:
             return
         for dtype, group in unit.by_dtype().items():
-            compute = self.mp.param_dtype or dtype
-            mine = unit.flats[dtype].to(compute)
-            gathered = mine.new_empty(self.world_size * mine.numel())
-            _all_gather_single(gathered, mine, group=self.process_group)
-            rows = gathered.view(self.world_size, mine.numel())
+            if dtype in unit.kept:  # resharded to a smaller group after forward: gather within it
+                rows = self._reshard_to.regather(unit.kept.pop(dtype), _all_gather_single)
+            else:
+                mine = unit.flats[dtype].to(self.mp.param_dtype or dtype)
+                gathered = mine.new_empty(self.world_size * mine.numel())
+                _all_gather_single(gathered, mine, group=self.process_group)
+                rows = gathered.view(self.world_size, mine.numel())
             for q in group:
                 q.param.untyped_storage().resize_(q.numel * q.param.element_size())
                 # `.data`: a copy autograd does not count as a change of a tensor it saved
@@ -246,10 +253,24 @@ class FullyShardedDataParallel(nn.Module):
                 q.param.data.copy_(rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel].view(q.shape))
         unit.gathered = True
 
-    def _free_unit(self, unit: _Unit) -> None:
+    def _free_unit(self, unit: _Unit, keep: bool = False) -> None:
         for q in unit.params:
             _free(q.param)
         unit.gathered = False
+        if not keep:
+            unit.kept = {}
+
+    def _kept_rows(self, group: list[_Param]) -> Tensor:
+        """This rank's row block of the unit's gathered ``(W, n)`` layout, from the gathered
+        parameters ([Note: post-forward layout] in ``refimpl.sharded.reshard``)."""
+        rows = self._reshard_to.rows()
+        W, n = self.world_size, sum(q.chunk for q in group)
+        kept = group[0].param.new_zeros((rows.stop - rows.start, n))
+        for q in group:
+            padded = q.param.new_zeros(q.chunk * W)
+            padded[:q.numel] = q.param.detach().reshape(-1)
+            kept[:, q.offset:q.offset + q.chunk] = padded.view(W, q.chunk)[rows]
+        return kept.reshape(-1)
 
     def _pre_forward(self, unit: _Unit, module, args):
         if unit.root:
@@ -279,8 +300,12 @@ class FullyShardedDataParallel(nn.Module):
                 # and free now, inside no_sync() too, so the next forward gathers everywhere.
                 self._end_of_backward()
             return output
-        if self.reshard_after_forward:
-            self._free_unit(unit)
+        if self._reshard_to is not False:
+            keep = isinstance(self._reshard_to, PostForwardGroup) and torch.is_grad_enabled()
+            if keep:
+                with torch.no_grad():
+                    unit.kept = {dtype: self._kept_rows(group) for dtype, group in unit.by_dtype().items()}
+            self._free_unit(unit, keep=keep)
             if torch.is_grad_enabled():
                 tensors = [t for t in _tensors(output) if t.requires_grad]
                 if tensors:  # gather again before this unit's backward runs

@@ -147,6 +147,36 @@ def _per_unit_reduction(rank, world_size):
     return seen
 
 
+def _reshard_to_group(rank, world_size):
+    """At w4: reshard_after_forward=2 against True, the memory held after forward, and bad ints."""
+    out = {"failures": []}
+    for two_forwards in (False, True):
+        want = _train(FullyShardedDataParallel(n1 := Net(rank), units=[n1.a, n1.c], reshard_after_forward=True),
+                      rank, two_forwards)
+        got = _train(FullyShardedDataParallel(n2 := Net(rank), units=[n2.a, n2.c], reshard_after_forward=2),
+                     rank, two_forwards)
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+            out["failures"] += [f"two_forwards={two_forwards} record {i} {n}" for n in w
+                                if not ((w[n] is None and g[n] is None) or torch.equal(w[n], g[n]))]
+    net = Net(rank)
+    z3 = FullyShardedDataParallel(net, units=[net.a, net.b], reshard_after_forward=2)
+    loss = (z3(_x(0, rank)) ** 2).mean()
+    unit_b = next(u for u in z3._units if u.module is net.b)
+    out["kept_numel"] = {str(d): t.numel() for d, t in unit_b.kept.items()}
+    out["unit_b_numel"] = sum(q.chunk for q in unit_b.params) * world_size
+    out["b_gathered_after_forward"] = bool(net.b.weight.untyped_storage().nbytes())
+    loss.backward()
+    out["kept_after_backward"] = bool(unit_b.kept)
+    out["errors"] = {}
+    for k in (3, 0, 5):
+        try:
+            FullyShardedDataParallel(Net(rank), reshard_after_forward=k)
+        except ValueError as e:
+            out["errors"][k] = str(e)
+    out["read_as"] = {k: FullyShardedDataParallel(Net(rank), reshard_after_forward=k)._reshard_to for k in (1, 4)}
+    return out
+
+
 # One world per test, all on one xdist worker: a failing world is named by its own test (a
 # module-wide fixture attributed any world's crash to whichever test set it up first).
 _one_worker = pytest.mark.xdist_group("refimpl-zero3-worlds")
@@ -195,6 +225,19 @@ def test_each_unit_is_reduced_and_freed_as_its_backward_ends():
         # backward ended: one unit's full gradients at a time, not the model's. Block 0 (its input
         # needs no gradient) is reduced at the end of backward.
         assert seen == {"full_grads": [0], "gathered": [0], "sharded_grads": [1, 2, 3]}, seen
+
+
+@_one_worker
+@_known_abort
+def test_reshard_after_forward_int_keeps_a_group_share_and_gathers_within_the_group():
+    for out in run_world(_reshard_to_group, 4, timeout=240):
+        assert out["failures"] == [], out["failures"]  # bitwise what True gives, at 4 ranks
+        # after forward a resharded unit holds W/k = 2 of the 4 rows of its layout, no full parameter
+        assert out["kept_numel"] == {"torch.float32": out["unit_b_numel"] // 2}, out
+        assert not out["b_gathered_after_forward"] and not out["kept_after_backward"], out
+        assert set(out["errors"]) == {3, 0, 5}, out
+        assert all("divides the world size 4" in e for e in out["errors"].values()), out
+        assert out["read_as"] == {1: False, 4: True}, out  # FSDP2's reading of 1 and W
 
 
 def test_bad_options_say_what_to_do():
