@@ -13,7 +13,8 @@ applies what the feature does to the averaged gradients:
 - autocast / GradScaler: each shard's forward runs under the same autocast; the loss is
   scaled by the same scale; the recorded gradients are the scaled averages; `scaler.step`
   and `update` run on the oracle's own scaler (an overflow on any rank skips the step on all).
-- clip: `clip_grad_norm_` on the averaged gradients (after unscaling, with a scaler).
+- clip: `clip_grad_norm_` on the averaged gradients (after unscaling, with a scaler), or the
+  engine's own clipping where it declares one (`Semantics.clipping`, e.g. DeepSpeed's).
 - freeze: the same requires_grad schedule; frozen parameters have no gradient.
 - checkpointed models run without checkpointing; compile and checkpoint round trips do not
   change the expected values at all (training straight through, eagerly, is the reference).
@@ -126,7 +127,10 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
             if feats.clip is not None:
                 if scaler is not None:
                     scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(params, feats.clip)
+                if semantics.clipping is not None:  # declared: the engine's own arithmetic, replayed
+                    semantics.clipping.apply([torch.zeros_like(p) if p.grad is None else p.grad for p in params], feats.clip, W)
+                else:
+                    torch.nn.utils.clip_grad_norm_(params, feats.clip)
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()

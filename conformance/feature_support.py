@@ -53,12 +53,12 @@ def unsupported(adapter, scenario) -> str | None:
     if not getattr(scenario, "features", None):
         return None
     feats = Features.of(scenario)
-    owns = owned(adapter)
+    owns = owned(adapter, scenario)
     if feats.grad_scaler and "backward" in owns:
         return "the engine owns backward (protocol v2), so the loss it is given cannot be scaled by a GradScaler"
     if feats.compile == "wrapper" and not ddp_module(adapter):
         return "torch.compile around the wrapper needs a DDP-like module (adapter.ddp_module)"
-    if feats.save_load_at is not None and not (ddp_module(adapter) or getattr(adapter, "checkpoint_api", False)):
+    if feats.save_load_at is not None and not feats.state_dict and not (ddp_module(adapter) or getattr(adapter, "checkpoint_api", False)):
         return ("a checkpoint round trip needs torch DDP's state_dict (adapter.ddp_module) or the engine's own "
                 "checkpoint API (adapter.checkpoint_api: Wrapped.checkpoint_state/load_checkpoint_state)")
     if feats.join and not ddp_module(adapter):

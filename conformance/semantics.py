@@ -37,6 +37,18 @@ class Accumulation(str, enum.Enum):
     MEAN = "mean"  # the engine divides each micro-batch's gradient by the number of micro-batches
 
 
+class MidAccumulation(str, enum.Enum):
+    """Where micro-batches meet the cross-rank reduction when they accumulate into one step."""
+
+    # torch DDP: each rank accumulates its own micro-batches (inside no_sync(), judged per rank),
+    # and the boundary's backward reduces the accumulated sums once.
+    LOCAL = "local"
+    # The engine reduces every micro-batch and accumulates the reduced gradients (DeepSpeed ZeRO-2/3
+    # into their gradient partitions, releasing param.grad): no per-rank gradient exists between
+    # boundaries, and the boundary's gradient is the sum over micro-batches of each one's average.
+    REDUCED = "reduced-each-micro-batch"
+
+
 class ConstructionSync(str, enum.Enum):
     """When rank 0's parameters reach the other ranks."""
 
@@ -90,6 +102,7 @@ class Semantics:
     """
 
     accumulation: Accumulation = Accumulation.SUM
+    mid_accumulation: MidAccumulation = MidAccumulation.LOCAL
     construction_sync: ConstructionSync = ConstructionSync.EAGER
     buffers: Buffers = Buffers.BEFORE_FORWARD
     unused: Unused = Unused.NONE
@@ -99,17 +112,22 @@ class Semantics:
     # Lossy communication the oracle simulates exactly (conformance.powersgd_oracle.PowerSGDConfig):
     # no bound, the algorithm itself, run over the ranks' gradients with the engine's state and seeds.
     communication: object | None = None
+    # The engine's own gradient clipping, replayed exactly (conformance.deepspeed_clip.Clipping):
+    # the same global L2 norm as torch's clip_grad_norm_, summed and applied in the engine's order.
+    clipping: object | None = None
     sources: tuple[str, ...] = ()
 
     def deviations(self) -> list[str]:
         """Every declared rule that differs from torch DDP's, as `name: ours (torch DDP: theirs)`."""
         out = []
         for f in fields(self):
-            if f.name in ("sources", "lossy", "communication"):
+            if f.name in ("sources", "lossy", "communication", "clipping"):
                 continue
             ours, theirs = getattr(self, f.name), getattr(TORCH_DDP, f.name)
             if ours != theirs:
                 out.append(f"{f.name}: {ours.value} (torch DDP: {theirs.value})")
+        if self.clipping is not None:
+            out.append(f"gradient clipping: {self.clipping.describe()}")
         if self.communication is not None:
             out.append(f"lossy communication: {self.communication.describe()}, ranks bitwise")
         if self.lossy is not None:

@@ -158,9 +158,17 @@ class Adapter(Protocol):
     def wrap(self, module: nn.Module, ctx: Any, options: WrapOptions) -> Wrapped: ...
 
 
-def owned(adapter) -> frozenset[str]:
-    """What the adapter takes over from the user's plain training loop (protocol v2)."""
-    owns = frozenset(getattr(adapter, "owns", ()) or ())
+def owned(adapter, scenario=None) -> frozenset[str]:
+    """What the adapter takes over from the user's plain training loop (protocol v2).
+
+    `Adapter.owns_for(scenario)`, where an adapter defines it, decides per scenario: an engine
+    whose own loop is needed only for some configurations (DeepSpeed ZeRO 1-3: `engine.backward`
+    for its loss scaling and gradient accumulation, the user's plain `loss.backward()` otherwise)
+    is driven the user's way wherever it can be.
+    """
+    per_scenario = getattr(adapter, "owns_for", None)
+    chosen = per_scenario(scenario) if scenario is not None and callable(per_scenario) else getattr(adapter, "owns", ())
+    owns = frozenset(chosen or ())
     unknown = owns - OWNABLE
     if unknown:
         raise ValueError(f"adapter {adapter.name!r} owns {sorted(unknown)}: only {sorted(OWNABLE)} can be owned")

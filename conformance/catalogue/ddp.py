@@ -86,6 +86,9 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         # -- precision and compression
         m("fp16-params", "mlp", dtype="float16", profiles=STANDARD),
         m("bf16-params", "mlp", dtype="bfloat16", profiles=STANDARD),
+        m("gas-bf16", "mlp", dtype="bfloat16", micro_batches=2, profiles=STANDARD,
+          description="bf16 parameters, two micro-batches accumulated per step (an engine's gradient accumulation: "
+                      "DeepSpeed's gradient_accumulation_steps with ZeRO 0-3, the PR #5154 / PR #7985 class)"),
         m("fp64-params", "mlp", dtype="float64", profiles=STANDARD),
         m("hook-allreduce", "mlp", options=WrapOptions(comm_hook="allreduce"), steps=2, profiles=STANDARD),
         m("hook-fp16", "mlp", options=WrapOptions(comm_hook="fp16")),

@@ -17,7 +17,7 @@ import torch
 
 from conformance.adapters import registry
 from conformance.adapters.protocol import OptimizerSpec, owned
-from conformance.models.data import build_model, loss_fn, make_inputs, make_optimizer
+from conformance.models.data import build_model, forward_loss, loss_fn, make_inputs, make_optimizer
 from conformance.spec import Expect, Scenario
 
 SKEW_S = 0.25  # how long the last rank sleeps in rank-skewed scenarios (never judged as time)
@@ -31,7 +31,7 @@ def run(payload, ctx) -> dict:
 
         return ddp_features.run(payload, ctx)
     adapter = registry.load(adapter_spec)
-    owns = owned(adapter)
+    owns = owned(adapter, scenario)
     torch.manual_seed(scenario.seed)
     record: dict = {"events": [], "error": None, "seconds": {}}
     model = build_model(
@@ -81,7 +81,8 @@ def run(payload, ctx) -> dict:
                         backward(loss)
                 else:
                     with contextlib.nullcontext() if synced else wrapped.no_sync():
-                        loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
+                        loss = forward_loss(wrapped, scenario, x, rank=ctx.rank, step=step, micro=micro,
+                                            device=ctx.device)
                         if skewed and scenario.skew == "backward":
                             time.sleep(SKEW_S)
                         backward(loss)

@@ -74,7 +74,7 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
         torch.compiler.reset()
     if feats.compile == "model":
         model = torch.compile(model, backend=feats.compile_backend)
-    if "optimizer" in owned(adapter):  # protocol v2: the engine builds (and steps) its own optimizer
+    if "optimizer" in owned(adapter, scenario):  # protocol v2: the engine builds (and steps) its own optimizer
         spec = OptimizerSpec(scenario.optimizer, lr=feats.lr, clip=feats.clip)
         wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
     else:
@@ -94,6 +94,15 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
     e.g. DeepSpeed's save_checkpoint, ZeroRedundancyOptimizer.consolidate_state_dict), torch
     DDP's `state_dict` (keys `module.` + the module's) otherwise.
     """
+    if feats.state_dict:  # the sharded area's full / DCP round trip (issue #26)
+        from conformance.runners.sharded_checkpoint import round_trip
+
+        def rebuild():
+            new = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1)
+            return new, (new.optimizer if "optimizer" in owned(adapter, scenario)
+                         else make_optimizer(scenario, feats, new.optimizer_parameters()))
+
+        return round_trip(feats.state_dict, ctx, wrapped, optimizer, _close, rebuild)
     engine_api = callable(getattr(wrapped, "checkpoint_state", None))
     if engine_api:
         state = wrapped.checkpoint_state()
@@ -107,7 +116,7 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
                 f"got {list(state)[:4]}..., expected {want[:4]}..."
             )
         del ddp
-    owns_optimizer = "optimizer" in owned(adapter)
+    owns_optimizer = "optimizer" in owned(adapter, scenario)
     buf = io.BytesIO()
     torch.save({"model": state, "optimizer": optimizer.state_dict() if optimizer and not engine_api else None,
                 "scaler": scaler.state_dict() if scaler else None}, buf)
@@ -143,7 +152,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed)
     record["seconds"]["wrap"] = time.perf_counter() - t0
     record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
-    owns = owned(adapter)
+    owns = owned(adapter, scenario)
     if "optimizer" in owns:
         optimizer = wrapped.optimizer
     else:
@@ -175,12 +184,14 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                 backward(scaler.scale(loss) if scaler is not None else loss)
                 record["events"].append(
                     {"kind": "backward", "step": step, "micro": 0, "synced": True, "values": wrapped.full_gradients(),
-                     "loss": loss.detach().to("cpu", copy=True)}  # for --record (conformance.recording); never judged
+                     "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
+                     "shards": _local_shards(wrapped)}  # sharded area (conformance/shards.py)
                 )
                 if optimizer is not None:
                     _step(feats, optimizer, scaler, wrapped, owns)
                 record["events"].append(
-                    {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
+                    {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers(),
+                     "shards": _local_shards(wrapped)}
                 )
     except Exception as exc:  # noqa: BLE001 - recorded; the contract fails any error the scenario does not accept
         # Recorded rather than raised, so the record (and a mutant's fired count) comes back.
@@ -208,6 +219,12 @@ def _close(wrapped) -> None:
     close = getattr(wrapped, "close", None)
     if callable(close):
         close()
+
+
+def _local_shards(wrapped) -> dict | None:
+    """Each rank's own shards where a sharded adapter exposes them (optional `Wrapped.local_shards`)."""
+    local = getattr(wrapped, "local_shards", None)
+    return local() if callable(local) else None
 
 
 def _fired(wrapped) -> int:

@@ -1,20 +1,32 @@
 """`deepspeed-zero1`, `deepspeed-zero2`, `deepspeed-zero3`: DeepSpeed's engine with ZeRO stage 1/2/3.
 
 The engine owns the optimizer (protocol v2): `deepspeed.initialize` wraps the scenario's torch
-optimizer in its ZeRO optimizer. Everything else is the user's plain loop — `loss.backward()`,
-`optimizer.zero_grad()`, `optimizer.step()` — which DeepSpeed supports for ZeRO 1-3 (only stage 0
-refuses a plain backward). Gradients are read with `deepspeed.utils.safe_get_full_grad` (a
-collective for the partitioned stages) before the step, parameters with
-`safe_get_full_fp32_param`.
+optimizer in its ZeRO optimizer. In fp32 with one micro-batch per step everything else is the
+user's plain loop — `loss.backward()`, `optimizer.zero_grad()`, `optimizer.step()` — which
+DeepSpeed supports for ZeRO 1-3 (only stage 0 refuses a plain backward), and where a bug of the
+plain loop shows. Gradients are read with `deepspeed.utils.safe_get_full_grad` (a collective for
+the partitioned stages) before the step, parameters with `safe_get_full_fp32_param`.
+
+DeepSpeed's own loop (`engine.backward(loss)`, `engine.step()` every micro-batch, as its docs
+write it; the adapter then owns backward too, `owns_for`) where only it gives the engine's
+semantics:
+- `bf16` / `fp16` parameters: the config's `bf16` / `fp16` section (fp32 master partitions; fp16
+  adds the dynamic loss scaler, which scales the loss inside `engine.backward` only);
+- several micro-batches on ZeRO-2/3 (they have no `no_sync`): `gradient_accumulation_steps`,
+  declared as a mean (`engine.backward` divides the loss by it), with the accumulation boundary
+  the engine's micro-step counter. ZeRO-2/3 reduce every micro-batch into their gradient
+  partitions, so between boundaries there is no per-rank gradient to read: declared
+  (`MidAccumulation.REDUCED`), only the boundary's gradient is judged.
 
 Configuration that would otherwise change what is computed, made explicit:
-- `gradient_clipping: 0.0` (DeepSpeed's default is 1.0, which clips; the oracle does not);
-- fp32 throughout, `gradient_accumulation_steps: 1`, `zero_allow_untested_optimizer` (torch SGD);
-- `LOCAL_RANK` is set from the rank (DeepSpeed requires it);
+- `gradient_clipping` is the scenario's (0.0 without one: DeepSpeed's default 1.0 clips); the
+  oracle clips the way ZeRO does (`conformance.deepspeed_clip`);
+- `zero_allow_untested_optimizer` (torch SGD / Adam); `LOCAL_RANK` from the rank;
 - the shared-memory all-reduce op DeepSpeed JIT-compiles on CPU in every new process (minutes;
   it only serves inference all-reduce) is kept off: nothing is compiled at run time.
 
-Declared: none (every difference from torch DDP is a finding, see the xfail list).
+Declared: fp32 master weights for half-precision parameters, a mean over micro-batches where
+the engine accumulates; every other difference from torch DDP is a finding (the xfail list).
 """
 
 from __future__ import annotations
@@ -22,10 +34,13 @@ from __future__ import annotations
 import contextlib
 import os
 
+import torch
 from torch import Tensor, nn
 
+from conformance import deepspeed_clip
 from conformance.adapters.engines import probe, production_features
 from conformance.adapters.protocol import OptimizerSpec
+from conformance.semantics import Accumulation, MidAccumulation, Precision, Semantics
 from conformance.spec import Capability as C
 
 INSTALL = "DS_BUILD_OPS=0 pip install -c constraints.txt 'gradparity[deepspeed]'"
@@ -38,8 +53,35 @@ UNSUPPORTED = {
 }
 
 
-def _cpu(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.detach().to("cpu", copy=True)
+HALF = ("float16", "bfloat16")
+MEAN_SOURCE = ("DeepSpeed engine.backward: with gradient_accumulation_steps > 1 the loss is divided by "
+               "gradient_accumulation_steps before backward (scale_wrt_gas=True); engine.step() steps at the "
+               "accumulation boundary only")
+MASTER_SOURCE = ("DeepSpeed config 'bf16' / 'fp16' with ZeRO: DeepSpeedZeroOptimizer (stage_1_and_2.py) / "
+                 "DeepSpeedZeroOptimizer_Stage3 keep fp32 partitions of the half-precision parameters "
+                 "(single_partition_of_fp32_groups / fp32_partitioned_groups_flat), step them and copy them back")
+REDUCED_SOURCE = ("DeepSpeed ZeRO-2/3 reduce every micro-batch's gradient into their partitions "
+                     "(reduce_independent_p_g_buckets_and_remove_grads / stage3 reduce_ready_partitions_and_remove_grads) "
+                     "and release param.grad: no per-rank gradient exists between accumulation boundaries")
+
+
+def _cpu(t: Tensor | None, like: Tensor | None = None) -> Tensor | None:
+    """A CPU copy; a half-precision parameter's fp32 gradient (ZeRO's partitions) in the parameter's
+    dtype when that cast is lossless, else as it is (then the dtype difference is reported)."""
+    if t is None:
+        return None
+    t = t.detach().to("cpu", copy=True)
+    if like is not None and like.dtype != t.dtype and like.dtype in (torch.float16, torch.bfloat16):
+        cast = t.to(like.dtype)
+        if torch.equal(cast.to(t.dtype), t):
+            return cast
+    return t
+
+
+def engine_loop(stage: int, dtype: str, micro_batches: int) -> bool:
+    """Whether DeepSpeed's own loop (engine.backward / engine.step) runs this configuration: half
+    precision (its loss scaling lives in engine.backward), or accumulation on a stage without no_sync."""
+    return dtype in HALF or (micro_batches > 1 and stage in (2, 3))
 
 
 def _no_jit_shm_op() -> None:
@@ -105,8 +147,8 @@ class DeepSpeedWrapped:
         from deepspeed.utils import safe_get_full_grad
 
         if self.engine.inside_no_sync_ctxt or getattr(self, "_local", False):
-            return {n: _cpu(p.grad) for n, p in self._named() if p.requires_grad}
-        return {n: _cpu(safe_get_full_grad(p)) for n, p in self._named() if p.requires_grad}
+            return {n: _cpu(p.grad, p) for n, p in self._named() if p.requires_grad}
+        return {n: _cpu(safe_get_full_grad(p), p) for n, p in self._named() if p.requires_grad}
 
     def full_parameters(self) -> dict[str, Tensor]:
         if self.stage == 3:
@@ -124,6 +166,45 @@ class DeepSpeedWrapped:
         return [p for p in self.module.parameters() if p.requires_grad]
 
 
+class EngineStep:
+    """What the runner steps and zeroes in DeepSpeed's own loop: `engine.step()` (it zeroes the
+    gradients itself at the boundary)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """engine.step() already cleared the gradients at the boundary."""
+
+    def state_dict(self):
+        return self.engine.optimizer.state_dict()
+
+
+class DeepSpeedEngineLoopWrapped(DeepSpeedWrapped):
+    """ZeRO 1-3 through DeepSpeed's own loop: every micro-batch `engine.backward(loss)` then, but at
+    the boundary, `engine.step()` (a counted micro-step); the runner's step is the boundary's
+    `engine.step()`. `no_sync()` is nothing: the engine's micro-step counter decides."""
+
+    def __init__(self, engine, stage: int):
+        super().__init__(engine, EngineStep(engine), stage)
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def backward(self, loss) -> None:
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        self.engine.backward(loss)
+        self._local = not boundary  # between boundaries: what the rank holds itself
+        if not boundary:
+            self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """engine.step() cleared the gradients at the boundary."""
+
+
 class DeepSpeedAdapter:
     area = "ddp"
     owns = frozenset({"optimizer"})
@@ -133,31 +214,85 @@ class DeepSpeedAdapter:
         self.stage = stage
         self.name = f"deepspeed-zero{stage}"
         self.version, self._why = probe("deepspeed", "deepspeed", INSTALL)
-        caps = {C.FIND_UNUSED, C.BUFFER_BROADCAST, C.ENGINE_ZERO_GRAD}
-        if stage == 1:
-            caps.add(C.NO_SYNC)  # DeepSpeed: no_sync "incompatible with ZeRO stage 2/3"
-        self.capabilities = frozenset(caps)
+        # NO_SYNC: ZeRO-1's own no_sync() in fp32; elsewhere micro-batches are the engine's
+        # gradient_accumulation_steps (DeepSpeed: no_sync "incompatible with ZeRO stage 2/3").
+        self.capabilities = frozenset({C.FIND_UNUSED, C.BUFFER_BROADCAST, C.ENGINE_ZERO_GRAD, C.NO_SYNC,
+                                       C.HALF_PRECISION})
+
+    def owns_for(self, scenario) -> frozenset[str]:
+        if engine_loop(self.stage, scenario.dtype, scenario.micro_batches):
+            return frozenset({"optimizer", "backward"})
+        return self.owns
+
+    def semantics_for(self, scenario) -> Semantics:
+        sem, sources = {}, []
+        if self.stage in (1, 2) and clipped(scenario):
+            sem["clipping"] = deepspeed_clip.ZERO12
+            sources.append(deepspeed_clip.ZERO12_SOURCE)
+        if not engine_loop(self.stage, scenario.dtype, scenario.micro_batches):
+            return Semantics(**sem, sources=tuple(sources))
+        if scenario.micro_batches > 1:
+            sem["accumulation"] = Accumulation.MEAN
+            sources.append(MEAN_SOURCE)
+            if self.stage in (2, 3):
+                sem["mid_accumulation"] = MidAccumulation.REDUCED
+                sources.append(REDUCED_SOURCE)
+        if scenario.dtype in HALF:
+            sem["precision"] = Precision.FP32_MASTER
+            sources.append(MASTER_SOURCE)
+        return Semantics(**sem, sources=tuple(sources))
 
     def unavailable(self, scenario) -> str | None:
         if self._why:
             return self._why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
-        if scenario.dtype in ("float16", "bfloat16"):
-            return ("half-precision parameters: ZeRO's bf16/fp16 config exposes fp32 master-partition gradients "
-                    "(safe_get_full_grad) and fp16 adds its loss scaler; not modelled by the oracle yet "
-                    "(deepspeed-zero0 runs bf16)")
+        if clipped(scenario) and not deepspeed_clip.exact_for(scenario.world_size):
+            return (f"gradient_clipping at {scenario.world_size} ranks: the ranks' partial norms are all-reduced in "
+                    "an order gloo picks; the replay of DeepSpeed's clipping is bitwise for 1-2 ranks only")
+        if engine_loop(self.stage, scenario.dtype, scenario.micro_batches):
+            why = engine_loop_limits(scenario)
+            if why:
+                return why
         return production_features(scenario, UNSUPPORTED)
 
     def wrap(self, module: nn.Module, ctx, options, optimizer: OptimizerSpec | None = None) -> DeepSpeedWrapped:
+        dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
+        loop = engine_loop(self.stage, dtype, optimizer.micro_batches)
         engine, ds_optimizer = initialize(module, ctx, optimizer, {
-            "gradient_accumulation_steps": 1,
+            "gradient_accumulation_steps": optimizer.micro_batches if loop else 1,
             "zero_allow_untested_optimizer": True,
             "zero_optimization": {"stage": self.stage},
+            **precision_config(dtype),
         })
-        wrapped = DeepSpeedWrapped(engine, ds_optimizer, self.stage)
+        wrapped = DeepSpeedEngineLoopWrapped(engine, self.stage) if loop else DeepSpeedWrapped(engine, ds_optimizer, self.stage)
         wrapped.group = ctx.group
         return wrapped
+
+
+def clipped(scenario) -> bool:
+    """Whether the scenario clips gradients (DeepSpeed's `gradient_clipping`, from the features)."""
+    return any(name == "clip" and value is not None for name, value in (scenario.features or ()))
+
+
+def precision_config(dtype: str) -> dict:
+    """DeepSpeed's config for the parameters' dtype: `bf16`, or `fp16` with its dynamic loss scaler
+    at DeepSpeed's defaults (initial scale 2**16, halved on overflow, raised after 1000 good steps)."""
+    return {"bf16": {"enabled": dtype == "bfloat16"}, "fp16": {"enabled": dtype == "float16"}}
+
+
+def engine_loop_limits(scenario) -> str | None:
+    """What the oracle cannot judge bitwise in DeepSpeed's own loop (a reason to skip), or None."""
+    if scenario.dtype == "float16":
+        return ("fp16: DeepSpeed's dynamic loss scaler (initial scale 2**16, hysteresis 2, a step skipped on overflow) "
+                "is not modelled by the oracle yet; the gradients ZeRO exposes are the scaled fp32 partitions")
+    mb = scenario.micro_batches
+    if mb & (mb - 1):
+        return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
+                "the oracle divides each gradient; the same bits only for powers of two")
+    if scenario.zero_grad == "alternate":
+        return "engine.step() clears the gradients itself: zero_grad(set_to_none=False) has no engine equivalent"
+    return None
 
 
 def initialize(module: nn.Module, ctx, optimizer: OptimizerSpec, config: dict):

@@ -29,11 +29,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
+from conformance import deepspeed_clip
 from conformance.adapters.engines import probe, production_features
 from conformance.adapters.engines.deepspeed import (
     INSTALL,
     UNSUPPORTED,
     _cpu,
+    clipped,
     initialize,
     load_engine_checkpoint,
     save_engine_checkpoint,
@@ -122,9 +124,13 @@ class DeepSpeedStage0Adapter:
         self.version, self._why = probe("deepspeed", "deepspeed", INSTALL)
 
     def semantics_for(self, scenario) -> Semantics:
-        """bf16 parameters: DeepSpeed's `bf16` config, its optimizer steps fp32 master copies."""
+        """bf16 parameters: DeepSpeed's `bf16` config, its optimizer steps fp32 master copies.
+        fp32 with `gradient_clipping`: deepspeed.runtime.utils.clip_grad_norm_, replayed."""
         if scenario.dtype == "bfloat16":
             return replace(SEMANTICS, precision=Precision.FP32_MASTER, sources=(*SEMANTICS.sources, BF16_SOURCE))
+        if clipped(scenario):
+            return replace(SEMANTICS, clipping=deepspeed_clip.STAGE0,
+                           sources=(*SEMANTICS.sources, deepspeed_clip.STAGE0_SOURCE))
         return SEMANTICS
 
     def unavailable(self, scenario) -> str | None:
