@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conformance import deepspeed_clip
+from conformance.accumulation import reduced_per_micro_batch
 from conformance.adapters import registry
 from conformance.adapters.protocol import owned
-from conformance.baseline import reduced_per_micro_batch
 from conformance.catalogue import ddp
 from conformance.semantics import Accumulation, MidAccumulation, Precision
 
