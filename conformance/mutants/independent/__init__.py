@@ -19,4 +19,5 @@ AREA_MODULES = {
     "data_parallel": "conformance.mutants.independent.data_parallel",
     "bucketer": "conformance.mutants.independent.bucketer",
     "sharded": "conformance.mutants.independent.sharded",
+    "ddp": "conformance.mutants.independent.ddp",
 }
