@@ -75,7 +75,8 @@ def selection(values, *, areas=(), check_reports: bool = True):
     specs = list(values.adapter) + [registry.ddp_class_spec(ref) for ref in values.ddp_class]
     chosen = Selection(adapters=tuple(specs), profile=values.profile, areas=tuple(areas),
                        world_sizes=tuple(values.world_size), device=values.device, ids=tuple(values.scenario),
-                       xfail_files=tuple(values.xfails), skip_files=tuple(values.skips))
+                       xfail_files=tuple(values.xfails), skip_files=tuple(values.skips),
+                       keyword=getattr(values, "keyword", None) or "")
     validate(chosen, report_dir=values.report_dir if check_reports else None)
     if check_reports and getattr(values, "record", None):
         from conformance.recording import check_directory

@@ -42,6 +42,7 @@ class Selection:
     ids: tuple[str, ...] = ()  # explicit scenario ids (whatever their profile)
     xfail_files: tuple[str, ...] = ()
     skip_files: tuple[str, ...] = ()
+    keyword: str = ""  # pytest's -k expression over case ids ("" when none): the user's own entries it names are checked
     builtin_xfails: bool = True  # the built-in adapters' lists of known upstream failures
 
     @property
@@ -81,8 +82,14 @@ def make_plan(selection: Selection) -> Plan:
                         xfail = e.reason
             plan.cases.append(Case(scenario, spec, skip=skip, xfail=xfail))
     for index, e in enumerate(expectations):
-        if index not in hit and _could_run_here(e.entry, selection, adapters):
+        if index in hit:
+            continue
+        if _could_run_here(e.entry, selection, adapters):
             plan.unmatched.append(f"{e.source}: {e.kind} entry {e.entry!r} matches no collected case")
+        elif e.owner is None and _named_by_keyword(e.entry, selection, adapters):
+            plan.unmatched.append(f"{e.source}: {e.kind} entry {e.entry!r} matches no collected case "
+                                  f"(-k {selection.keyword!r} selects it, but profile {selection.profile!r} and the "
+                                  "selected world sizes do not hold it: add --profile or --scenario)")
     return plan
 
 
@@ -125,6 +132,40 @@ def _matches(entry: str, case: Case, name: str = "") -> bool:
     its spec (`pkg.module:factory`, as in the case id) or by its `name` (`my-engine|ddp/...`)."""
     ids = {case.id} | ({f"{name}{CASE_SEPARATOR}{case.scenario.id}"} if name else set())
     return any(entry == i or entry.endswith(f"[{i}]") for i in ids)
+
+
+def _named_by_keyword(entry: str, selection: Selection, adapters: dict) -> bool:
+    """Under `-k`, whether the expression selects the case a user's entry names (for a selected
+    adapter): the user meant that case to run, so an entry that matched nothing is a warning even
+    when its scenario is outside the profile (which `_could_run_here` leaves alone, as it must for
+    built-in lists naming every profile's cases).
+
+    The expression is evaluated the way pytest's -k evaluates a test id: a name matches when it is
+    a case-insensitive substring of the case id (`spec|scenario`, the spec as given to --adapter).
+    """
+    if not selection.keyword:
+        return False
+    from _pytest.mark.expression import Expression  # pytest's own -k grammar
+
+    case = entry.rsplit("[", 1)[-1].rstrip("]") if entry.endswith("]") else entry
+    if CASE_SEPARATOR not in case:
+        return False
+    adapter, scenario_id = case.split(CASE_SEPARATOR, 1)
+    specs = {spec: a.name for spec, a in adapters.items()}
+    matches = [spec for spec, name in specs.items() if adapter in (spec, name)]
+    if not matches or not any(s.id == scenario_id for s in catalogue.all_scenarios()):
+        return False
+    try:
+        expression = Expression.compile(selection.keyword)
+    except (SyntaxError, ValueError):
+        return False  # pytest itself reports a bad -k expression
+    ids = [f"{spec}{CASE_SEPARATOR}{scenario_id}".lower() for spec in matches]  # what pytest's -k sees
+    return any(expression.evaluate(_substring_of(i)) for i in ids)
+
+
+def _substring_of(case_id: str):
+    """pytest's -k matcher for one lower-cased case id: a word matches as a case-insensitive substring."""
+    return lambda word, *_, **__: word.lower() in case_id
 
 
 def _could_run_here(entry: str, selection: Selection, adapters: dict | None = None) -> bool:

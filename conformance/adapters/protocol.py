@@ -15,6 +15,8 @@ Protocol v2 (engines that own more than the reducer: DeepSpeed, FairScale OSS,
     engines that refuse a plain backward, e.g. DeepSpeed stage 0).
   * "zero_grad": the runner calls `Wrapped.zero_grad(set_to_none=...)` instead of the
     optimizer's.
+  `Adapter.owns_for(scenario)` (optional) decides per scenario instead, for an engine whose own
+  loop is needed only in some configurations (DeepSpeed ZeRO 1-3: bf16, accumulation).
   The default path stays the user's plain `loss.backward()`, `optimizer.zero_grad()` and
   `optimizer.step()`: that is where bugs like FairScale#354 (SDP + OSS silently wrong from step 2
   with `zero_grad(set_to_none=True)`) show, so own only what the engine cannot run without.
@@ -43,8 +45,8 @@ features around the same skeleton), so an adapter author knows when each call ha
          with checkpoint_api = True, else torch DDP's wrapped.ddp.state_dict(); then a fresh wrap]
     wrapped.close()                                  # optional; always called once the run is recorded
 
-`ctx` (conformance.harness.context.RankContext) carries `rank`, `world_size`, `group` (the
-process group to pass to the engine; never the default group), `device` and `topology`.
+`ctx` is a `WrapContext` (below; the harness passes its `RankContext`, which has more): the
+rank, the world size, the process group to hand the engine, the device and the backend.
 
 A worked example (an engine with its own optimizer wrapper and zero-filled unused grads)::
 
@@ -74,9 +76,47 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
 from conformance.spec import Capability, WrapOptions
+
+
+@runtime_checkable
+class WrapContext(Protocol):
+    """What `Adapter.wrap` may rely on about the rank it runs in (the harness's `RankContext`).
+
+    Why a protocol: an adapter is written against these five attributes only, so it runs the
+    same under the spawn pool, under torchrun (`conformance.harness.torchrun`) and in a test's
+    hand-made context; anything else on the harness's object may change.
+    """
+
+    @property
+    def rank(self) -> int:
+        """This rank's index in `group` (0 .. world_size-1); rank 0's state is the reference."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks in `group` (the scenario's world size)."""
+        ...
+
+    @property
+    def group(self) -> Any:
+        """The `torch.distributed` process group every collective of the engine must use. Never the
+        default group: the pool keeps a fresh one per world, and a task on the default group could
+        meet another task's collectives."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's model and inputs live (`cpu`, or its `cuda:<i>`)."""
+        ...
+
+    @property
+    def backend(self) -> str:
+        """The group's backend (`gloo` or `nccl`): what an engine that picks collectives by backend needs."""
+        ...
 
 
 @runtime_checkable
@@ -155,7 +195,7 @@ class Adapter(Protocol):
     area: str  # which area's scenarios it runs: "ddp", "sharded", "data_parallel", ...
     capabilities: frozenset[Capability]
 
-    def wrap(self, module: nn.Module, ctx: Any, options: WrapOptions) -> Wrapped: ...
+    def wrap(self, module: nn.Module, ctx: WrapContext, options: WrapOptions) -> Wrapped: ...
 
 
 def owned(adapter, scenario=None) -> frozenset[str]:

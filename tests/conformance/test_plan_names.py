@@ -41,3 +41,27 @@ def test_user_strings_are_not_rich_markup():
     text = out.getvalue()
     assert "mypkg.adapters:factory:" in text and "\N{FACTORY}" not in text
     assert "[bold]not markup[/]" in text
+
+
+def test_under_k_an_entry_the_expression_selects_but_the_profile_lacks_warns(tmp_path):
+    """`-k tied-bf16` on the quick profile runs nothing of that scenario (it is standard-only): a user's
+    xfail for it is silently unused unless said."""
+    xfails = tmp_path / "xfails.txt"
+    standard_only = "ddp/tied-bf16/tied/w2/bf16"
+    xfails.write_text(f"torch-zero|{standard_only}  # mine\ntorch-zero|ddp/fp16-params/mlp/w2/fp16  # not selected\n")
+    plan = make_plan(Selection(adapters=(SPEC,), profile="quick", keyword="tied-bf16", xfail_files=(str(xfails),),
+                               builtin_xfails=False))
+    assert len(plan.unmatched) == 1 and standard_only in plan.unmatched[0] and "-k 'tied-bf16'" in plan.unmatched[0]
+    for keyword in ("", "plain", "tied-bf16 and not torch_zero"):  # not selected by -k (the case id holds the spec): quiet
+        plan = make_plan(Selection(adapters=(SPEC,), profile="quick", keyword=keyword, xfail_files=(str(xfails),),
+                                   builtin_xfails=False))
+        assert plan.unmatched == [], keyword
+    plan = make_plan(Selection(adapters=(SPEC,), profile="standard", keyword="tied-bf16", xfail_files=(str(xfails),),
+                               builtin_xfails=False))
+    assert not any(standard_only in m for m in plan.unmatched)  # in the profile: it matched its case
+
+
+def test_under_k_built_in_lists_stay_quiet():
+    """Built-in lists name cases of every profile; -k on a smaller profile is not their mistake."""
+    plan = make_plan(Selection(adapters=("deepspeed-zero3",), profile="quick", keyword="transformer"))
+    assert plan.unmatched == []
