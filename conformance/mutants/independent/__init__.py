@@ -20,4 +20,5 @@ AREA_MODULES = {
     "bucketer": "conformance.mutants.independent.bucketer",
     "sharded": "conformance.mutants.independent.sharded",
     "ddp": "conformance.mutants.independent.ddp",
+    "dist_autograd": "conformance.mutants.independent.dist_autograd",
 }
