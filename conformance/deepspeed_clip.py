@@ -15,7 +15,9 @@ rounding step is DeepSpeed 0.19's:
   pieces in its own partition of the flat, padded parameter group (`get_grad_norm_direct` over
   `averaged_gradients`), sums them, the ranks' sums are all-reduced, `pow(1/2)`, combined over
   the (one) parameter group with `vector_norm` (`combine_grad_norm_groups`), and
-  `unscale_and_clip_grads` multiplies by `1 / clamp(((norm / loss_scale) + 1e-6) / max_norm, min=1)`.
+  `unscale_and_clip_grads` multiplies by `1 / clamp(((norm / loss_scale) + 1e-6) / max_norm, min=1)`;
+- ZeRO-3 (`DeepSpeedZeroOptimizer_Stage3.step`): the same, over each parameter's own partition
+  (every parameter is split across the ranks on its own), with the norm kept in fp64 to the end.
 
 Which ranks' partial sums meet in which order matters from 3 ranks on (gloo's all-reduce
 order), so the replay is offered for 1-2 ranks (`exact_for`); more are skipped at plan time.
@@ -35,6 +37,9 @@ STAGE0_SOURCE = ("deepspeed/runtime/utils.py clip_grad_norm_ (engine.clip_fp32_g
 ZERO12_SOURCE = ("deepspeed/runtime/zero/stage_1_and_2.py step: get_grad_norm_direct over each rank's partition "
                  "pieces (fp64 norms, stack(norms).pow(2).sum().float(), all-reduced, pow(1/2)), combine_grad_norm_groups, "
                  "unscale_and_clip_grads: grad *= 1/clamp(((norm/loss_scale)+1e-6)/max_norm, min=1)")
+ZERO3_SOURCE = ("deepspeed/runtime/zero/stage3.py step: get_grad_norm_direct over each parameter's own partition "
+                "(fp64 norms, torch.sum(torch.pow(stack, 2)), all-reduced, ** (1/2), kept fp64), "
+                "combine_grad_norm_groups, unscale_and_clip_grads: fp32 grad *= 1/(clamp(((norm/S)+1e-6)/max, min=1)*S)")
 ALIGNMENT = 2  # stage_1_and_2.py: nccl_start_alignment_factor (4-byte alignment / sizeof(fp16))
 NORM_DTYPE = torch.float64  # deepspeed/runtime/zero/utils.py get_norm_dtype(): fp64 wherever the device has it
 
@@ -101,6 +106,33 @@ def zero12(grads: list[Tensor], max_norm: float, world_size: int, loss_scale: fl
         g.mul_(1.0 / combined)
 
 
+def zero3(grads: list[Tensor], max_norm: float, world_size: int, loss_scale: float = 1.0) -> None:
+    """ZeRO-3's norm and `unscale_and_clip_grads` on the (replicated) gradients, in place.
+
+    Stage 3 partitions every parameter on its own: rank r holds chunk r of its flattened gradient,
+    ceil(numel / W) elements, zero-padded at the end (`ds_tensor`). The norm stays fp64 throughout
+    (`torch.sum(torch.pow(torch.stack(norms), 2))`, all-reduced, `** (1/2)`), and the fp32
+    gradients are multiplied by the fp64 coefficient `1 / (clamp(((norm/S)+1e-6)/max, min=1)·S)`.
+    """
+    partial = []
+    for r in range(world_size):
+        norms = []
+        for g in grads:
+            flat = g.detach().reshape(-1)
+            size = math.ceil(flat.numel() / world_size)
+            chunk = torch.zeros(size, dtype=flat.dtype)
+            piece = flat[r * size:(r + 1) * size]
+            chunk[:piece.numel()] = piece
+            norms.append(chunk.to(NORM_DTYPE).norm(2.0))
+        partial.append(torch.sum(torch.pow(torch.stack(norms), 2.0)))
+    norm = _allreduce_sum(partial) ** (1.0 / 2.0)
+    norm = torch.linalg.vector_norm(torch.stack([norm]), ord=2)  # combine_grad_norm_groups, one sub-group
+    clip = torch.clamp(((norm / loss_scale) + 1e-6) / max_norm, min=1.0)
+    combined = clip * loss_scale
+    for g in grads:
+        g.mul_(1.0 / combined)
+
+
 @dataclass(frozen=True)
 class Clipping:
     """A declared clipping rule (`Semantics.clipping`): `apply(grads, max_norm, world_size)` in place."""
@@ -115,3 +147,4 @@ class Clipping:
 
 STAGE0 = Clipping("deepspeed-stage0", stage0, STAGE0_SOURCE)
 ZERO12 = Clipping("deepspeed-zero12", zero12, ZERO12_SOURCE)
+ZERO3 = Clipping("deepspeed-zero3", zero3, ZERO3_SOURCE)

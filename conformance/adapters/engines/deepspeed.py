@@ -226,9 +226,10 @@ class DeepSpeedAdapter:
 
     def semantics_for(self, scenario) -> Semantics:
         sem, sources = {}, []
-        if self.stage in (1, 2) and clipped(scenario):
-            sem["clipping"] = deepspeed_clip.ZERO12
-            sources.append(deepspeed_clip.ZERO12_SOURCE)
+        if clipped(scenario):
+            rule = deepspeed_clip.ZERO3 if self.stage == 3 else deepspeed_clip.ZERO12
+            sem["clipping"] = rule
+            sources.append(rule.source)
         if not engine_loop(self.stage, scenario.dtype, scenario.micro_batches):
             return Semantics(**sem, sources=tuple(sources))
         if scenario.micro_batches > 1:
