@@ -38,16 +38,18 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from conformance import baseline_features
+from conformance import baseline_features, baseline_mixed
+from conformance.accumulation import reduced_per_micro_batch
 from conformance.anchor import Anchor, load_params
 from conformance.baseline_events import Baseline, Expected, Grads, dense, load_buffers
 from conformance.envelope import reduce, reference, rule_of
-from conformance.models.data import build_model, loss_fn, make_inputs, make_optimizer
+from conformance.models.data import build_model, forward_loss, make_inputs, make_optimizer
 from conformance.semantics import (
     TORCH_DDP,
     Accumulation,
     Buffers,
     ConstructionSync,
+    MidAccumulation,
     Precision,
     Semantics,
     Unused,
@@ -167,7 +169,10 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
             rank_buffers = list(anchor.buffers_before(step) or rank_buffers)
             load_buffers(model, rank_buffers[0])
         local: list[Grads] = [dict(carried) for _ in range(W)]
+        reduced_each = sem.mid_accumulation == MidAccumulation.REDUCED
+        micro_shares: list[list[Grads]] = []  # per micro-batch, every rank's own gradient (REDUCED)
         for micro in range(scenario.micro_batches):
+            micro_shares.append([{} for _ in range(W)])
             synced = micro == scenario.micro_batches - 1
             after_forward = []
             for rank in range(W):
@@ -180,16 +185,19 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                     scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
                     size=scenario.shard_size(rank), dtype=scenario.dtype, device=scenario.device,
                 )
-                loss = loss_fn(model(x, rank=rank, micro=micro))
+                # A mixed-precision policy: forward/backward in param_dtype from cast masters (baseline_mixed).
+                fwd, fwd_params = baseline_mixed.compute_module(model, params, scenario)
+                loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
                 if loss.requires_grad and params:
-                    grads = torch.autograd.grad(loss, params, allow_unused=True)
+                    grads = torch.autograd.grad(loss, fwd_params, allow_unused=True)
                 else:
                     grads = [None] * len(params)
                 for (name, _), g in zip(named, grads, strict=True):
-                    g = dense(g)
+                    g = baseline_mixed.to_reduce_dtype(dense(g), scenario)
                     if mean and g is not None:
                         g = g / scenario.micro_batches
                     local[rank][name] = _add(local[rank][name], g)
+                    micro_shares[-1][rank][name] = g
                 after_forward.append(buffers())
             if sem.buffers == Buffers.BEFORE_FORWARD:
                 rank_buffers = [after_forward[0]] * W  # rank 0's update wins at the next forward
@@ -204,12 +212,17 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 if first_step and step == 0:
                     avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
                 else:
-                    avg = comm.reduce(local) if comm is not None else average(local, W, rule)
+                    avg = comm.reduce(local) if comm is not None else (
+                        reduced_per_micro_batch(micro_shares, W, rule) if reduced_each else average(local, W, rule))
+                if baseline_mixed.applies(scenario):  # the reduced gradient cast back to the masters' dtype
+                    avg = {n: baseline_mixed.to_master_dtype(avg[n], p.dtype) for n, p in named}
                 if sem.unused == Unused.ZEROS:
                     avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
                 baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
             else:
                 snapshot = [{n: dense(g) for n, g in grads.items()} for grads in local]
+                if sem.mid_accumulation == MidAccumulation.REDUCED:  # declared: nothing per rank to read
+                    snapshot = [None] * W
                 baseline.events.append(Expected("backward", step, micro, False, snapshot))
         if optimizer is not None:
             # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
