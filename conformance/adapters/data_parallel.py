@@ -10,6 +10,11 @@ The protocol is one call, `torch.nn.parallel.data_parallel`'s signature::
         def data_parallel(self, module, inputs: tuple, devices: list, output_device, dim: int,
                           module_kwargs: dict | None = None): ...
         def unavailable(self, scenario) -> str | None: ...   # optional: skip with this reason
+        def chunk_sizes(self, rows: int, replicas: int) -> list[int]: ...  # optional: its split
+
+`chunk_sizes` declares how the implementation splits `rows` over `replicas` (the oracle replays
+each replica on its own chunk, `conformance.replica_oracle`); without it the oracle accepts
+either standard rule (`torch.tensor_split`'s balanced sizes or `torch.chunk`'s).
 
 `inputs` is the tuple of positional arguments; after the call and a backward through the
 returned output, the *original* module's `.grad`s must hold the full batch's gradients.
@@ -25,6 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from conformance.replica_oracle import balanced_sizes, chunk_sizes
 from conformance.spec import Capability, Scenario
 
 
@@ -68,6 +74,10 @@ class RefimplDataParallel:
     def devices(self, scenario: Scenario) -> list:
         return devices_for(scenario)
 
+    def chunk_sizes(self, rows: int, replicas: int) -> tuple[int, ...]:
+        """refimpl's scatter: `torch.tensor_split`'s balanced sizes, never an empty chunk."""
+        return balanced_sizes(rows, replicas)
+
 
 class TorchDataParallel:
     """`torch.nn.parallel.data_parallel` (what `torch.nn.DataParallel` runs): CUDA only."""
@@ -93,6 +103,10 @@ class TorchDataParallel:
 
     def devices(self, scenario: Scenario) -> list:
         return devices_for(scenario, distinct=True)
+
+    def chunk_sizes(self, rows: int, replicas: int) -> tuple[int, ...]:
+        """torch's scatter (`comm.scatter` without chunk sizes): `torch.chunk`'s ceil-sized chunks."""
+        return chunk_sizes(rows, replicas)
 
 
 def refimpl_data_parallel() -> RefimplDataParallel:

@@ -4,25 +4,26 @@
 split itself is the implementation's: refimpl splits 5 rows over 4 replicas 2,1,1,1, torch
 2,2,1). The oracle is one plain forward/backward of the same module on the full batch.
 
-Tolerance policy: `data_parallel` *sums* the replicas' gradients (no 1/W), so with integer
-weights and inputs and models made of linear maps, convolutions, ReLU and sums, every value
-in forward and backward is a small integer (or a dyadic multiple from the loss weights),
-every fp32 sum is exact whatever its order or split, and the scenario requires bitwise
-equality for any replica count (1, 2, 3 or 4: power-of-two counts are not needed since
-nothing is divided). Exact scenarios use no optimizer: their steps *accumulate* into `.grad`
-(a second data_parallel call adds to the first's gradients), which stays in integers; an
-optimizer step makes weights non-integer and products leave fp32's exact range, so
-scenarios with an optimizer get the tolerance. Models with softmax, LayerNorm or BatchNorm (eval: division by the
-running std) produce non-dyadic values; there a different split changes the order of the
-batch sums, so they get a tolerance scaled by the number of rows summed.
+Tolerance policy: the oracle replays every replica on the implementation's own split
+(`conformance.replica_oracle`), so each replica's gradient, the gathered output and the inputs'
+gradients are bitwise what a correct implementation holds; only the sum over replicas may
+round differently. With integer weights and inputs and models made of linear maps,
+convolutions, ReLU and sums, every value is a small integer (or a dyadic multiple from the loss
+weights), every sum is exact whatever its order, and the scenario is bitwise at any replica
+count. Models with softmax, LayerNorm or BatchNorm, an optimizer step (weights leave the
+integers) or autocast produce rounded values: bitwise at 1-2 replicas (one order), bitwise to a
+summation order at 3-4 (`replica_rule`). Their old band (a tolerance scaled by the rows summed)
+stays as the straight-through check's: the full-batch module trained from the seeds.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.catalogue.profiles import SHORT_DTYPE as SHORT
 from conformance.spec import Capability as C
-from conformance.spec import Scenario, Tolerance, float_tolerance
+from conformance.spec import Scenario, Tolerance, float_tolerance, summation_order
 
 # Values outside fp32's exact-integer range (tied: five integer layers reach 1e8) or non-dyadic.
 EXACT_SUMS = Tolerance(True, reason="exact: small-integer data, so sums over replicas and rows are exact in any order")
@@ -42,6 +43,19 @@ MODEL_CLAUSES = {
 }
 
 
+def replica_rule(dtype: str, replicas: int, straight_through: Tolerance) -> Tolerance:
+    """Inexact values, judged replica by replica (`conformance.replica_oracle`): each replica's
+    gradient is replayed on the implementation's split, so only the sum over replicas can round
+    differently: bitwise at 1-2 replicas (one order), bitwise to a summation order at 3-4. The old
+    band stays as the full-batch, straight-through check's."""
+    if replicas <= 2:
+        return Tolerance(True, reason=f"{dtype}: replicas replayed on the implementation's split; a sum of at most "
+                                      "two replicas is order-free", straight_through=straight_through)
+    return replace(summation_order(dtype, replicas, f"{dtype}: the sum of {replicas} replicas' gradients in an "
+                                                    "order the implementation picks"),
+                   straight_through=straight_through)
+
+
 def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards: tuple[int, ...] | None = None,
          profiles: frozenset = QUICK, dtype: str = "float32", steps: int = 2, clauses: tuple[str, ...] = (),
          **fields) -> Scenario:
@@ -55,7 +69,8 @@ def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards:
     if exact:
         tolerance = EXACT_SUMS
     else:
-        tolerance = float_tolerance(dtype, rows, f"{dtype}: batch sums over {rows} rows in another split")
+        tolerance = replica_rule(dtype, w, float_tolerance(dtype, rows, f"{dtype}: batch sums over {rows} rows in "
+                                                                         "another split, compounding over steps"))
     requires = {C.HALF_PRECISION} if dtype in ("float16", "bfloat16") else set()
     switches = fields.pop("switches", {})
     derived = set(CORE) | set(clauses) | set(MODEL_CLAUSES.get(model, ()))
@@ -152,19 +167,21 @@ def issue30_scenarios() -> list[Scenario]:
     """Issue 30: who / when / how often / inputs / ambient state (docs/contracts/data_parallel.md,
     "Dimension checklist"): keyword arguments, autocast and grad mode in the replicas' threads,
     a mode switch and an evaluation call before training, fp64 per-replica scalars."""
-    # Under autocast each replica's matmuls round their partial sums to bfloat16 (unit roundoff
-    # u = 2^-8) where the full batch rounds once, and the replicas' rounded gradients are then
-    # added: at most 4 roundings reach a value, so rtol 4u = 2^-6; atol covers a gradient whose
+    # Under autocast each replica's matmuls round their partial sums to bfloat16, replayed bitwise
+    # by the oracle under the same autocast; the parameters' gradients are fp32 and summed in fp32.
+    # The full-batch (straight-through) check keeps the old band: it rounds once where the replicas
+    # round per chunk, at most 4 roundings (rtol 4u = 2^-6, u = 2^-8); atol covers a gradient whose
     # rounded partials cancel (integer data: partials below 2^4, each off by at most 2^4 * u).
-    autocast = Tolerance(False, rtol=2.0 ** -6, atol=2.0 ** -4,
-                         reason="bfloat16 autocast: per-replica partial sums rounded to bfloat16 (u = 2^-8), 4 roundings")
+    band = Tolerance(False, rtol=2.0 ** -6, atol=2.0 ** -4,
+                     reason="bfloat16 autocast: per-replica partial sums rounded to bfloat16 (u = 2^-8), 4 roundings")
+    autocast = {w: replica_rule("float32", w, band) for w in (2, 3)}  # replayed under the same autocast
     return [
         make("kwargs", "kwargs-in", w=2, description="module_kwargs: a per-row tensor and a number"),
         make("kwargs", "kwargs-in", w=3, batch=7, profiles=STANDARD),
         make("kwargs-dim1", "kwargs-dim1", w=2, description="module_kwargs split along dim=1 like the inputs"),
-        make("autocast", "mlp", w=2, switches={"autocast": True}, tolerance=autocast, exact_data=True,
+        make("autocast", "mlp", w=2, switches={"autocast": True}, tolerance=autocast[2], exact_data=True,
              description="every forward under torch.autocast(bfloat16): the replicas' threads see it"),
-        make("autocast", "kwargs-in", w=3, batch=6, switches={"autocast": True}, tolerance=autocast, exact_data=True,
+        make("autocast", "kwargs-in", w=3, batch=6, switches={"autocast": True}, tolerance=autocast[3], exact_data=True,
              profiles=STANDARD),
         make("no-grad-first", "mlp", w=2, switches={"no_grad_first": True},
              description="an evaluation call under torch.no_grad() before the training calls"),
