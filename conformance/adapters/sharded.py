@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from conformance.adapters import sharded_state
 from conformance.spec import Capability, Scenario, WrapOptions
 from refimpl import _torch_compat as compat
 
@@ -128,6 +129,13 @@ class RefimplShardedWrapped:
         return {n: {"placement": "flat-chunk", "param": _cpu(p), "grad": _cpu(g)}
                 for n, (p, g) in self.sdp.local_shards().items()}
 
+    def checkpoint(self, kind: str, optimizer) -> dict:
+        """Model + optimizer state, "sharded" (DTensors for DCP) or "full" (refimpl.sharded.checkpoint)."""
+        return sharded_state.refimpl_state(self.sdp, kind, optimizer)
+
+    def load_checkpoint(self, kind: str, state: dict, optimizer) -> None:
+        sharded_state.refimpl_load(self.sdp, kind, state, optimizer)
+
 
 def sharded_optimizer(sdp, optimizer) -> object | None:
     """The scenario's optimizer as refimpl's ``ShardedOptimizer`` (None: the scenario has none)."""
@@ -149,7 +157,8 @@ class RefimplSharded:
 
     name = "refimpl-sharded"
     area = "sharded"
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUCKET_CAP, C.BUFFER_BROADCAST, C.HALF_PRECISION})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUCKET_CAP, C.BUFFER_BROADCAST, C.HALF_PRECISION,
+                              C.STATE_DICT})
     owns = frozenset({"optimizer"})
 
     def __init__(self):
@@ -183,7 +192,17 @@ def refimpl_zero3_kwargs(module: nn.Module, options: WrapOptions) -> dict:
         kwargs["units"] = unit_modules(module)  # the engine owns shared parameters in the common ancestor
     if options.reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = options.reshard_after_forward
+    if options.param_dtype:  # issue #26: the mixed-precision policy (conformance.baseline_mixed)
+        from refimpl.sharded.zero3 import MixedPrecisionPolicy
+
+        kwargs["mixed_precision"] = MixedPrecisionPolicy(*mp_dtypes(options))
     return kwargs
+
+
+def mp_dtypes(options: WrapOptions) -> tuple[torch.dtype, torch.dtype | None]:
+    """(param_dtype, reduce_dtype) of a scenario's mixed-precision policy, as torch dtypes."""
+    reduce = getattr(torch, options.reduce_dtype) if options.reduce_dtype else None
+    return getattr(torch, options.param_dtype), reduce
 
 
 class RefimplZero3(RefimplSharded):
@@ -191,7 +210,7 @@ class RefimplZero3(RefimplSharded):
     control flow, which per-unit all-gathers cannot serve: see the engine's notes)."""
 
     name = "refimpl-zero3"
-    capabilities = RefimplSharded.capabilities | {C.SHARD_UNITS, C.RESHARD}
+    capabilities = RefimplSharded.capabilities | {C.SHARD_UNITS, C.RESHARD, C.RESHARD_INT, C.MIXED_PRECISION}
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions, optimizer=None) -> RefimplZero3Wrapped:
         from refimpl.sharded.zero3 import FullyShardedDataParallel
@@ -265,6 +284,13 @@ class FSDPWrapped:
         """FSDP1's own clip (documented for FSDP: torch's clip_grad_norm_ would see local shards)."""
         return self.fsdp.clip_grad_norm_(max_norm)
 
+    def checkpoint(self, kind: str, optimizer) -> dict:
+        """torch's get_state_dict on the root unit (conformance.adapters.sharded_state)."""
+        return sharded_state.torch_state(self.fsdp, kind, optimizer)
+
+    def load_checkpoint(self, kind: str, state: dict, optimizer) -> None:
+        sharded_state.torch_load(self.fsdp, kind, state, optimizer)
+
 
 class TorchFSDP:
     """FSDP1 declares no rank-0 buffer broadcast before forward (FSDP has no such option;
@@ -274,7 +300,8 @@ class TorchFSDP:
     area = "sharded"
     # RESHARD: reshard_after_forward=False is ShardingStrategy.SHARD_GRAD_OP; no nested units
     # here (the adapter reads the local no_sync() gradient from the root's flat parameter).
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.RESHARD, C.HSDP})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.RESHARD, C.HSDP, C.STATE_DICT,
+                              C.CPU_OFFLOAD, C.MIXED_PRECISION})
     version = torch.__version__
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDPWrapped:
@@ -292,11 +319,27 @@ class TorchFSDP:
         where = {"process_group": ctx.group}
         if options.hsdp_replicas:  # HYBRID_SHARD on a (replicas, W // replicas) mesh
             strategy, where = ShardingStrategy.HYBRID_SHARD, {"device_mesh": hsdp_mesh(ctx, options.hsdp_replicas)}
+        if options.cpu_offload:  # FSDP1's offload: parameters (and so gradients and the step) on CPU
+            from torch.distributed.fsdp import CPUOffload
+
+            where["cpu_offload"] = CPUOffload(offload_params=True)
+        if options.param_dtype:  # FSDP1's MixedPrecision: parameters and reduce dtype (buffers untouched)
+            from torch.distributed.fsdp import MixedPrecision
+
+            param, reduce = mp_dtypes(options)
+            where["mixed_precision"] = MixedPrecision(param_dtype=param, reduce_dtype=reduce)
         fsdp = FSDP(
             module, device_id=ctx.device, use_orig_params=True, sync_module_states=on_gpu,
             sharding_strategy=strategy, **where,
         )
         return FSDPWrapped(fsdp)
+
+    def unavailable(self, scenario: Scenario) -> str | None:
+        if scenario.options.cpu_offload and not torch.accelerator.is_available():
+            # torch 2.13, FlatParamHandle.init_flat_param_attributes: the CPU shard is always pinned
+            return ("FSDP1's CPUOffload(offload_params=True) pins its CPU shard (pin_memory()), which torch refuses "
+                    "without an accelerator: 'Cannot access accelerator device when none is available'")
+        return None
 
 
 # -- torch FSDP2 (fully_shard) ------------------------------------------------------------------
@@ -352,15 +395,17 @@ class FSDP2Wrapped:
         return {n: _cpu(p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in self.module.named_parameters()}
 
     def local_shards(self) -> dict[str, dict]:
-        """Each DTensor parameter's local part (``to_local()``) under its ``Shard(0)`` placement."""
+        """Each DTensor parameter's local part (``to_local()``) under the placement the engine gave
+        it: ``Shard(0)`` (the default) or ``Shard(1)`` (a ``shard_placement_fn``)."""
         out = {}
         for n, p in self.module.named_parameters():
             if not p.requires_grad or not hasattr(p, "to_local"):
                 continue
-            if [str(pl) for pl in p.placements] != ["S(0)"]:
-                return {}  # another placement (HSDP, a custom shard_placement_fn): not modelled here
+            placement = {"['S(0)']": "dim0-chunk", "['S(1)']": "dim1-chunk"}.get(str([str(pl) for pl in p.placements]))
+            if placement is None:
+                return {}  # a 2-D mesh (HSDP: Replicate, Shard): not modelled here
             g = p.grad
-            out[n] = {"placement": "dim0-chunk", "param": _cpu(p.to_local()),
+            out[n] = {"placement": placement, "param": _cpu(p.to_local()),
                       "grad": None if g is None else _cpu(g.to_local() if hasattr(g, "to_local") else g)}
         return out
 
@@ -369,6 +414,32 @@ class FSDP2Wrapped:
 
     def optimizer_parameters(self) -> Iterable[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
+
+    def checkpoint(self, kind: str, optimizer) -> dict:
+        """torch's get_state_dict on the sharded module (conformance.adapters.sharded_state)."""
+        return sharded_state.torch_state(self.module, kind, optimizer)
+
+    def load_checkpoint(self, kind: str, state: dict, optimizer) -> None:
+        sharded_state.torch_load(self.module, kind, state, optimizer)
+
+
+def fsdp2_extra(options: WrapOptions, ctx) -> dict:
+    """``fully_shard`` keywords for the issue-26 options: a ``shard_placement_fn`` built from the
+    scenario's rule (conformance.shards.placement_dim) and a ``CPUOffloadPolicy`` (pinned memory
+    only where there is a GPU to pin it for)."""
+    extra = {}
+    if options.shard_placement:
+        from torch.distributed.tensor import Shard
+
+        from conformance.shards import placement_dim
+
+        rule, W = options.shard_placement, ctx.world_size
+        extra["shard_placement_fn"] = lambda p: Shard(placement_dim(rule, tuple(p.shape), W))
+    if options.cpu_offload:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        extra["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+    return extra
 
 
 def _fully_shard():
@@ -380,7 +451,8 @@ class TorchFSDP2:
 
     name = "torch-fsdp2"
     area = "sharded"
-    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.SHARD_UNITS, C.RESHARD, C.HSDP})
+    capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.HALF_PRECISION, C.SHARD_UNITS, C.RESHARD, C.HSDP,
+                              C.SHARD_PLACEMENT, C.CPU_OFFLOAD, C.STATE_DICT, C.RESHARD_INT, C.MIXED_PRECISION})
     version = torch.__version__
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDP2Wrapped:
@@ -390,11 +462,20 @@ class TorchFSDP2:
         mesh = (hsdp_mesh(ctx, options.hsdp_replicas) if options.hsdp_replicas
                 else DeviceMesh.from_group(ctx.group, ctx.device.type))
         reshard = {} if options.reshard_after_forward is None else {"reshard_after_forward": options.reshard_after_forward}
+        reshard.update(self.fully_shard_extra(options, ctx))  # shard_placement_fn, offload_policy (issue #26)
+        if options.param_dtype:  # MixedPrecisionPolicy (issue #26 part A)
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            param, reduce = mp_dtypes(options)
+            reshard["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
         if options.units == "children":  # bottom-up, as FSDP2's docs wrap a model: blocks, then the root
             for block in unit_modules(module, split_shared=False):
                 _fully_shard()(block, mesh=mesh, **reshard)
         _fully_shard()(module, mesh=mesh, **reshard)
         return FSDP2Wrapped(module)
+
+    def fully_shard_extra(self, options: WrapOptions, ctx) -> dict:
+        return fsdp2_extra(options, ctx)
 
     def unavailable(self, scenario: Scenario) -> str | None:
         return None
