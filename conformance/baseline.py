@@ -13,7 +13,8 @@ every rank computes on its own shard, and derives what a correct implementation 
 Buffers follow DDP's rule (rank 0 broadcasts before each forward): every shard is forwarded
 from rank 0's buffers, and only rank 0's update is kept. An adapter that declares other rules
 (conformance.semantics: buffers never synced or broadcast after backward, construction sync at
-the first forward, unused parameters as zeros, micro-batches averaged) gets an oracle that
+the first forward, unused parameters as zeros, micro-batches averaged or reduced one by one,
+fp32 master weights, a dynamic loss scaler that skips overflow steps) gets an oracle that
 models exactly those rules.
 
 Each rank's gradient is computed with the same kernels and shapes the rank itself uses
@@ -141,6 +142,9 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
         optimizer = make_optimizer(scenario.optimizer, master)
     # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
     comm = sem.communication.simulator(scenario, named) if sem.communication is not None else None
+    # Declared dynamic loss scaling inside the engine's backward (DeepSpeed fp16): replayed step by step.
+    scaler = sem.loss_scaler.start() if sem.loss_scaler is not None else None
+    skipped = False
     state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
     buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
     baseline = Baseline(scenario, state(), buffers(), [])
@@ -188,6 +192,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 # A mixed-precision policy: forward/backward in param_dtype from cast masters (baseline_mixed).
                 fwd, fwd_params = baseline_mixed.compute_module(model, params, scenario)
                 loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
+                if scaler is not None:
+                    loss = loss * scaler.scale  # the engine's scale_loss, in the loss's dtype
                 if loss.requires_grad and params:
                     grads = torch.autograd.grad(loss, fwd_params, allow_unused=True)
                 else:
@@ -208,7 +214,11 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
             load_buffers(model, rank_buffers[0])
             if first_step and step == 0:
                 load_params(model, own[0][0])  # rank 0's state everywhere at the first optimizer step
-            if synced:
+            skipped = synced and scaler is not None and scaler.overflowed(local)
+            if skipped:  # declared: the step is skipped, its (inf/NaN) gradients discarded and not judged
+                avg = {n: None for n, _ in named}
+                baseline.events.append(Expected("backward", step, micro, True, [None] * W))
+            elif synced:
                 if first_step and step == 0:
                     avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
                 else:
@@ -224,14 +234,21 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 if sem.mid_accumulation == MidAccumulation.REDUCED:  # declared: nothing per rank to read
                     snapshot = [None] * W
                 baseline.events.append(Expected("backward", step, micro, False, snapshot))
-        if optimizer is not None:
+        if optimizer is not None and scaler is not None and skipped:
+            scaler.update(overflow=True)
+            carried = {n: None for n, _ in named}
+        elif optimizer is not None:
             # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
             stepped = anchor.grads(step) if anchor is not None else None
             for i, (name, p) in enumerate(named):
                 g = reference(avg[name]) if stepped is None else dense(stepped.get(name))
                 target = p if master is None else master[i]
                 target.grad = None if g is None else g.clone().to(target.dtype)
+                if scaler is not None and target.grad is not None:
+                    target.grad.mul_(1.0 / scaler.scale)  # unscale_and_clip_grads, on the fp32 masters
             optimizer.step()
+            if scaler is not None:
+                scaler.update(overflow=False)
             if master is not None:  # the half-precision parameters are the masters cast back
                 with torch.no_grad():
                     for p, m in zip(params, master, strict=True):

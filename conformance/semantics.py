@@ -115,17 +115,22 @@ class Semantics:
     # The engine's own gradient clipping, replayed exactly (conformance.deepspeed_clip.Clipping):
     # the same global L2 norm as torch's clip_grad_norm_, summed and applied in the engine's order.
     clipping: object | None = None
+    # A dynamic loss scaler the engine applies inside its own backward (conformance.loss_scaler):
+    # replayed, overflow steps skipped; the gradients recorded are the scaled ones.
+    loss_scaler: object | None = None
     sources: tuple[str, ...] = ()
 
     def deviations(self) -> list[str]:
         """Every declared rule that differs from torch DDP's, as `name: ours (torch DDP: theirs)`."""
         out = []
         for f in fields(self):
-            if f.name in ("sources", "lossy", "communication", "clipping"):
+            if f.name in ("sources", "lossy", "communication", "clipping", "loss_scaler"):
                 continue
             ours, theirs = getattr(self, f.name), getattr(TORCH_DDP, f.name)
             if ours != theirs:
                 out.append(f"{f.name}: {ours.value} (torch DDP: {theirs.value})")
+        if self.loss_scaler is not None:
+            out.append(f"loss scaling: {self.loss_scaler.describe()}")
         if self.clipping is not None:
             out.append(f"gradient clipping: {self.clipping.describe()}")
         if self.communication is not None:
