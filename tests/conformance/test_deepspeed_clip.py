@@ -86,7 +86,9 @@ def test_zero_stages_use_deepspeeds_own_loop_only_where_its_semantics_need_it(st
 
 def test_clipping_is_declared_for_the_replayed_stages_and_refused_beyond_two_ranks():
     clip = ddp.make("plain", "mlp").with_(features=(("clip", 4.0),))
-    assert registry.load("deepspeed-zero0").semantics_for(clip).clipping is deepspeed_clip.STAGE0
+    zero0 = registry.load("deepspeed-zero0")
+    assert zero0.semantics_for(clip).clipping is deepspeed_clip.STAGE0
+    assert zero0.semantics_for(clip.with_(dtype="float16", features=())).loss_scaler is not None  # then a strict xfail
     for stage, rule in ((1, deepspeed_clip.ZERO12), (2, deepspeed_clip.ZERO12), (3, deepspeed_clip.ZERO3)):
         adapter = registry.load(f"deepspeed-zero{stage}")
         assert adapter.semantics_for(clip).clipping is rule

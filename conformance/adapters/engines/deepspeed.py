@@ -11,7 +11,8 @@ DeepSpeed's own loop (`engine.backward(loss)`, `engine.step()` every micro-batch
 write it; the adapter then owns backward too, `owns_for`) where only it gives the engine's
 semantics:
 - `bf16` / `fp16` parameters: the config's `bf16` / `fp16` section (fp32 master partitions; fp16
-  adds the dynamic loss scaler, which scales the loss inside `engine.backward` only);
+  adds the dynamic loss scaler, which scales the loss inside `engine.backward` only, replayed by
+  the oracle: `conformance.loss_scaler`, `FP16_SCALER`);
 - several micro-batches on ZeRO-2/3 (they have no `no_sync`): `gradient_accumulation_steps`,
   declared as a mean (`engine.backward` divides the loss by it), with the accumulation boundary
   the engine's micro-step counter. ZeRO-2/3 reduce every micro-batch into their gradient

@@ -17,8 +17,9 @@ Declared: micro-batches accumulate as a MEAN — DeepSpeed's documented gradient
 divides the loss by `gradient_accumulation_steps` before backward (engine.backward,
 `scale_wrt_gas=True`). The oracle divides each micro-batch's gradient instead; both are the same
 bits when the count is a power of two, so other counts are skipped with that reason.
-Not run yet: bf16/fp16 configs (fp32 master weights and DeepSpeed's loss scaler need their own
-oracle) — scenarios in half precision are skipped with that reason.
+bf16 and fp16 run DeepSpeed's `bf16` / `fp16` config: fp32 masters, declared; fp16's dynamic loss
+scaler, declared and replayed (conformance.loss_scaler). What stage 0 + fp16 shows is a strict
+xfail (the loss is never scaled, the gradients are still divided by the scale).
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
-import torch
 from torch import Tensor, nn
 
-from conformance import deepspeed_clip
+from conformance import deepspeed_clip, loss_scaler
 from conformance.adapters.engines import probe, production_features
 from conformance.adapters.engines.deepspeed import (
+    FP16_SCALER,
     INSTALL,
     UNSUPPORTED,
     _cpu,
     clipped,
     initialize,
     load_engine_checkpoint,
+    precision_config,
     save_engine_checkpoint,
 )
 from conformance.adapters.protocol import OptimizerSpec
@@ -52,6 +54,8 @@ SEMANTICS = Semantics(
 )
 
 
+FP16_SOURCE = ("DeepSpeed config 'fp16' without ZeRO: engine._do_optimizer_sanity_check picks FP16, an "
+               "FP16_Optimizer over fp16 parameters with fp32 master copies and the dynamic loss scaler")
 BF16_SOURCE = ("DeepSpeed config 'bf16': {'enabled': true} without ZeRO: engine._do_optimizer_sanity_check picks "
                "DDP_BFLOAT16, an FP16_UnfusedOptimizer over bf16 parameters with fp32 master copies (no loss scaling "
                "for bf16)")
@@ -128,6 +132,9 @@ class DeepSpeedStage0Adapter:
         fp32 with `gradient_clipping`: deepspeed.runtime.utils.clip_grad_norm_, replayed."""
         if scenario.dtype == "bfloat16":
             return replace(SEMANTICS, precision=Precision.FP32_MASTER, sources=(*SEMANTICS.sources, BF16_SOURCE))
+        if scenario.dtype == "float16":
+            return replace(SEMANTICS, precision=Precision.FP32_MASTER, loss_scaler=FP16_SCALER,
+                           sources=(*SEMANTICS.sources, FP16_SOURCE, loss_scaler.SOURCE))
         if clipped(scenario):
             return replace(SEMANTICS, clipping=deepspeed_clip.STAGE0,
                            sources=(*SEMANTICS.sources, deepspeed_clip.STAGE0_SOURCE))
@@ -145,8 +152,9 @@ class DeepSpeedStage0Adapter:
         if mb & (mb - 1):
             return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
                     "the oracle divides each gradient; the same bits only for powers of two")
-        if scenario.dtype == "float16":
-            return "DeepSpeed's fp16 (dynamic loss scaler, skipped steps) is not modelled by the oracle yet"
+        if scenario.dtype == "float16" and mb > 1:
+            return ("fp16 with gradient accumulation: DeepSpeed scales loss/gradient_accumulation_steps, whose overflow "
+                    "differs from the oracle's per-gradient division; not modelled")
         if scenario.zero_grad == "alternate":
             return "engine.step() clears the gradients itself: zero_grad(set_to_none=False) has no engine equivalent"
         return production_features(scenario, UNSUPPORTED)
@@ -155,7 +163,7 @@ class DeepSpeedStage0Adapter:
         engine, _ = initialize(module, ctx, optimizer, {
             "gradient_accumulation_steps": optimizer.micro_batches,
             "zero_optimization": {"stage": 0},
-            "bf16": {"enabled": next(module.parameters()).dtype == torch.bfloat16},
+            **precision_config(str(next(module.parameters()).dtype).removeprefix("torch.")),
         })
         wrapped = DeepSpeedStage0Wrapped(engine)
         wrapped.group = ctx.group
