@@ -96,7 +96,10 @@ def reshard_int_scenarios() -> list[Scenario]:
     return [
         m("nested-reshard-to-2", "mlp", 2, w=4, steps=2, profiles=STANDARD,
           description="reshard_after_forward=2: each block resharded to groups of 2 ranks after forward"),
-        m("nested-reshard-to-2", "transformer", 2, w=4, optimizer="adam", profiles=FULL),
+        # SGD, not Adam: at w4 the attention's key bias has a gradient that is rounding noise
+        # (softmax is shift-invariant); Adam scales noise to +-lr, so the straight-through check
+        # (4-rank summation orders compounding over steps) cannot hold there for any engine.
+        m("nested-reshard-to-2", "transformer", 2, w=4, profiles=FULL),
         m("nested-reshard-to-4", "mlp", 4, w=8, model_kwargs={"width": 4}, profiles=FULL),
     ]
 
