@@ -6,7 +6,7 @@ policy) is `conformance.catalogue.ddp_scenario`; `make` and `FUF` are re-exporte
 
 from __future__ import annotations
 
-from conformance.catalogue import ddp_features, training_loop
+from conformance.catalogue import ddp_checklist, ddp_features, training_loop
 from conformance.catalogue.ddp_scenario import FUF, make
 from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.spec import Expect, Scenario, WrapOptions
@@ -100,6 +100,7 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
     ]
     if area == "ddp":  # the training-loop scenarios (conformance/catalogue/training_loop.py)
         out += training_loop.scenarios(m)
+        out += ddp_checklist.scenarios(m)  # issue 30's checklist cells (conformance/catalogue/ddp_checklist.py)
     # -- full: the core models across every world size and both optimizers
     for model in ("mlp", "transformer", "cnn-bn", "tied", "many-tiny", "mixed-dtype"):
         for w in (1, 2, 3, 4):

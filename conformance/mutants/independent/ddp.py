@@ -139,9 +139,10 @@ class SyncFlagReadAtBackward(Engine):
             self.require_forward_param_sync = False  # the buffer rule still sees the no_sync forward
 
 
-@mutant("buffers-broadcast-after-forward", "D6", "when",
-        "rank 0's buffers are broadcast after the forward instead of before it: the forward runs on each rank's "
-        "own buffers, and rank 0's update of this forward overwrites the others'")
+@mutant("buffers-broadcast-after-forward", "D6", "when", may_abort=True,
+        bug="rank 0's buffers are broadcast after the forward instead of before it: the forward runs on each "
+            "rank's own buffers, rank 0's update of this forward overwrites the others' (and a buffer the backward "
+            "needs is changed in place: autograd raises)")
 class BuffersBroadcastAfterForward(Engine):
     def _pre_forward(self):
         self._late = self._sync_buffers_this_forward()
@@ -222,7 +223,7 @@ class _UnusedSetCached(MutantReducer):
         if self._cached is None:
             self._cached = list(self._unused_at_start)
             return
-        self._fired(set(self._cached) != set(self._unused_at_start))
+        self._fired(bool(set(self._cached) - set(self._unused_at_start)))  # reachable now, marked ready early
         self._unused_at_start = list(self._cached)
 
 
