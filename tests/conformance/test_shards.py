@@ -37,3 +37,36 @@ def test_a_wrong_shard_or_dirty_padding_fails_and_the_right_one_passes():
         check_local_shards(scenario, "meta", _records(torch.tensor([4.0, 5.0, 1.0])), "repro")
     with pytest.raises(ConformanceError, match="rank 1"):
         check_local_shards(scenario, "meta", _records(torch.tensor([4.0, 6.0, 0.0])), "repro")
+
+
+def test_dim1_chunk_and_the_placement_rule():
+    from conformance.shards import placement_dim
+
+    full = torch.arange(12.0).view(3, 4)
+    assert expected_shard(full, "dim1-chunk", 1, 2).tolist() == [[2, 3], [6, 7], [10, 11]]
+    assert placement_dim("dim1-if-even", (17, 8), 4) == 1  # W divides dim 1
+    assert placement_dim("dim1-if-even", (3, 17), 4) == 0  # it does not: FSDP2's default dim 0
+    assert placement_dim("dim1-if-even", (17,), 2) == 0
+    with pytest.raises(ValueError, match="unknown shard placement rule"):
+        placement_dim("dim2", (4, 4), 2)
+
+
+def _placed(placement: str, shard_of):
+    full = torch.arange(8.0).view(2, 4)
+    ev = {"kind": "step", "step": 0, "values": {"w": full}}
+    return {r: {"events": [dict(ev, shards={"w": {"placement": placement, "param": shard_of(full, r), "grad": None}})]}
+            for r in (0, 1)}
+
+
+def test_a_shard_on_another_dim_than_the_placement_fn_asked_fails():
+    from conformance.spec import WrapOptions
+
+    scenario = Scenario(id="sharded/meta/placed/w2/fp32", area="sharded", model="mlp", world_size=2,
+                        options=WrapOptions(shard_placement="dim1-if-even"))
+    right = _placed("dim1-chunk", lambda full, r: torch.chunk(full, 2, dim=1)[r])
+    assert check_local_shards(scenario, "meta", right, "repro")[0] == 2
+    ignored = _placed("dim0-chunk", lambda full, r: torch.chunk(full, 2, dim=0)[r])  # right slice, wrong dim
+    with pytest.raises(ConformanceError, match="ignored the placement function"):
+        check_local_shards(scenario, "meta", ignored, "repro")
+    with pytest.raises(ConformanceError, match="no rank exposes its shards"):
+        check_local_shards(scenario, "meta", {0: {"events": []}, 1: {"events": []}}, "repro")
