@@ -49,7 +49,7 @@ def scenarios() -> list[Scenario]:
              description="a sent tensor the callee ignores: absent, and the pass completes"),
         make("unused-result", 2, FULL, timeout_s=15.0,
              description="a remote result the loss never uses (a send function with no gradient)"),
-        make("structures", 2, STANDARD, description="tensors in nested tuples/lists/dicts, both ways"),
+        make("structures", 2, description="tensors in nested tuples/lists/dicts, both ways"),
         make("remote-params", 3, STANDARD, description="parameters owned by worker1 and worker2"),
         make("async", 3, FULL, description="two rpc_async calls in flight at once"),
         make("retain-graph", 3, STANDARD, description="3 passes with retain_graph then one without: 4x"),
@@ -58,7 +58,7 @@ def scenarios() -> list[Scenario]:
         make("simple", 3, FULL),
         make("round-trip", 3, FULL),
         make("fan-out", 3, FULL, seed=1).with_(id="dist_autograd/fan-out/w3/fp64/seed1"),
-    ] + CLAUSE_SCENARIOS + issue16_scenarios())
+    ] + CLAUSE_SCENARIOS + issue16_scenarios() + issue30_scenarios())
 
 
 # -- clauses of docs/contracts/dist_autograd.md (issue 15) -----------------------------------------
@@ -72,6 +72,8 @@ KIND_CLAUSES = {
     # issue 16's scenarios
     "rref-to-here": ("A12",), "sparse": ("A13",), "torchscript": ("A14",), "tensor-free": ("A15",),
     "shared-grad": ("A16",), "accumulate-hooks": ("A17",),
+    # issue 30's
+    "local-only": ("A3",), "rref-twice": ("A12",), "async-single": ("A10",), "retain-graph-simple": ("A5",),
 }
 CLAUSE_SCENARIOS = [
     make("async", 3, STANDARD, seed=2, description="two rpc_async calls in flight at once (A10 in standard)")
@@ -100,4 +102,22 @@ def issue16_scenarios() -> list[Scenario]:
              "leaves: each leaf gets a gradient buffer of its own"),
         make("accumulate-hooks", 2, STANDARD, description="a post hook on a leaf's AccumulateGrad "
              "node runs once per pass"),
+    ]
+
+
+# -- issue 30: cells of the dimension checklist (the table in docs/contracts/dist_autograd.md) ---
+# written after measuring the catalogue against the independent zoo
+# (conformance.mutants.independent.dist_autograd): how often (zero RPCs in a context, a second
+# fetch of one RRef, retained passes at two workers), when (an asynchronous reply at two workers).
+# Each bug shows with two workers, so all are quick (and `structures` moved to quick for the
+# inputs cell).
+def issue30_scenarios() -> list[Scenario]:
+    return [
+        make("local-only", 2, description="a context in which nothing crosses an RPC: gradients in the context, "
+             "never in .grad"),
+        make("rref-twice", 2, description="one remote() result fetched twice with RRef.to_here(): both fetches "
+             "carry the gradient back"),
+        make("async-single", 2, description="one rpc_async at two workers, its future waited on"),
+        make("retain-graph-simple", 2, description="2 passes with retain_graph then one without, across one "
+             "RPC: 3x"),
     ]

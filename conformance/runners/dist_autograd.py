@@ -149,7 +149,7 @@ def run(payload, ctx) -> dict:
     try:
         adapter = fns.adapter_for(mode)
         kind = scenario.model
-        passes = 4 if kind == "retain-graph" else 1
+        passes = fns.passes(kind)
         t0 = time.perf_counter()
         record["main"] = _one_context(adapter, mode, scenario, kind, passes)
         if kind == "remote-error":
@@ -276,7 +276,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
         return Checked(count, accepted_error=message.splitlines()[0][:200], details={"seconds": rec.get("seconds")})
     if main["error"]:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: backward raised {main['error'][:2000]}\n  repro: {repro}")
-    passes = 4 if kind == "retain-graph" else 1
+    passes = fns.passes(kind)
     if len(main["passes"]) != passes:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: {len(main['passes'])} of {passes} passes recorded")
     count = _compare_passes(scenario, adapter_spec, kind, main, oracle(scenario, kind), repro)

@@ -315,3 +315,35 @@ COMPOSITIONS.update({
     "tensor-free": tensor_free, "shared-grad": shared_grad, "accumulate-hooks": accumulate_hooks,
 })
 LEAVES.update({"sparse": ("x", "w", "s")})
+
+
+# -- issue 30: cells of the dimension checklist (docs/contracts/dist_autograd.md) ----------------
+def local_only(mode, seed, L):
+    """A context in which nothing crosses an RPC (how often: zero times): its gradients still go
+    into the context, never into .grad."""
+    return [(L["x"] * L["w"]).sum() + L["x"].sum()]
+
+
+def rref_twice(mode, seed, L):
+    """One remote() result fetched twice with torch's own RRef.to_here(): both fetches carry the
+    gradient back (a later fetch may take another path than the first)."""
+    rref = remote(mode, "worker1", torch.mul, (L["x"], L["w"]))
+    return [(rref.to_here() * L["x"]).sum() + (rref.to_here() * L["w"]).sum()]
+
+
+def async_single(mode, seed, L):
+    """One rpc_async at two workers (A10 where a bug shows with two workers)."""
+    f = call_async(mode, "worker1", torch.mul, (L["x"], L["w"]))
+    return [(f.wait() * L["x"]).sum()]
+
+
+COMPOSITIONS.update({
+    "local-only": local_only, "rref-twice": rref_twice, "async-single": async_single,
+    "retain-graph-simple": simple,
+})
+RETAINED = {"retain-graph": 4, "retain-graph-simple": 3}  # passes: all but the last with retain_graph=True
+
+
+def passes(kind: str) -> int:
+    """How many backward passes the runner makes in one context of composition `kind`."""
+    return RETAINED.get(kind, 1)
