@@ -299,6 +299,11 @@ def precision_config(dtype: str) -> dict:
 
 def engine_loop_limits(scenario) -> str | None:
     """What the oracle cannot judge bitwise in DeepSpeed's own loop (a reason to skip), or None."""
+    switches = scenario.kwargs()
+    if switches.get("discard_no_sync") or switches.get("no_sync_split"):
+        return ("DeepSpeed's own loop has no no_sync(): every engine.backward is a micro-step its counter carries to "
+                "the boundary, so a backward cannot be thrown away or split across no_sync() (ZeRO-2/3 refuse no_sync: "
+                "'incompatible with gradient partitioning')")
     mb = scenario.micro_batches
     if scenario.dtype == "float16" and mb > 1:
         return ("fp16 with gradient accumulation: DeepSpeed scales loss/gradient_accumulation_steps, whose overflow "

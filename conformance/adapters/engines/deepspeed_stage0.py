@@ -37,6 +37,7 @@ from conformance.adapters.engines.deepspeed import (
     UNSUPPORTED,
     _cpu,
     clipped,
+    engine_loop_limits,
     initialize,
     load_engine_checkpoint,
     precision_config,
@@ -148,6 +149,9 @@ class DeepSpeedStage0Adapter:
         if scenario.world_size > 2:
             return ("DeepSpeed all-reduces the sum and then multiplies by a rounded 1/W (postscale_gradients); the "
                     "summation-order envelope models a division, so 3+ ranks are not judged yet")
+        why = engine_loop_limits(scenario)
+        if why:
+            return why
         mb = scenario.micro_batches
         if mb & (mb - 1):
             return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
