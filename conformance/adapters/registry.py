@@ -40,6 +40,7 @@ ENGINE_ADAPTERS: dict[str, str] = {
     "deepspeed-zero1": "conformance.adapters.engines.deepspeed:deepspeed_zero1",
     "deepspeed-zero2": "conformance.adapters.engines.deepspeed:deepspeed_zero2",
     "deepspeed-zero3": "conformance.adapters.engines.deepspeed:deepspeed_zero3",
+    "deepspeed-zero3-sharded": "conformance.adapters.engines.deepspeed_sharded:deepspeed_zero3_sharded",
     "fairscale-sdp": "conformance.adapters.engines.fairscale_sdp:fairscale_sdp",
     "torchft-ddp": "conformance.adapters.engines.torchft:torchft_ddp",
     "torchft-ddp-async": "conformance.adapters.engines.torchft:torchft_ddp_async",

@@ -70,3 +70,19 @@ def test_a_shard_on_another_dim_than_the_placement_fn_asked_fails():
         check_local_shards(scenario, "meta", ignored, "repro")
     with pytest.raises(ConformanceError, match="no rank exposes its shards"):
         check_local_shards(scenario, "meta", {0: {"events": []}, 1: {"events": []}}, "repro")
+
+
+def test_declared_unspecified_parameter_padding_compares_the_real_elements_and_says_so():
+    scenario = Scenario(id="sharded/meta/ds/w2/fp32", area="sharded", model="mlp", world_size=2)
+    full = torch.arange(1.0, 4.0)  # 3 elements at w2: rank 1 holds [3, pad]
+
+    def records(pad, key="param_padding"):
+        ev = {"kind": "step", "step": 0, "values": {"b": full}}
+        shard = {0: torch.tensor([1.0, 2.0]), 1: torch.tensor([3.0, pad])}
+        return {r: {"events": [dict(ev, shards={"b": {"placement": "flat-chunk", "param": shard[r], "grad": None,
+                                                      key: "unspecified"}})]} for r in (0, 1)}
+
+    count, details = check_local_shards(scenario, "meta", records(1e-43), "repro")
+    assert count == 2 and "b" in details["local_shards_declared"]
+    with pytest.raises(ConformanceError, match="padding must be zero"):
+        check_local_shards(scenario, "meta", records(1e-43, key="other"), "repro")
