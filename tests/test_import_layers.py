@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("catalogue", ("conformance.catalogue",)),
     ("oracles and engines", ("conformance.baseline", "conformance.baseline_features", "conformance.adapters",
                              "conformance.mutants", "conformance.feature_support",
-                             "conformance.powersgd_oracle")),
+                             "conformance.powersgd_oracle", "conformance.baseline_mixed")),
     ("judging and rank tasks", ("conformance.contract", "conformance.runners")),
     ("area registry", ("conformance.area",)),
     ("running and reporting", ("conformance.harness", "conformance.report", "conformance.plan",

@@ -60,7 +60,7 @@ def mp_tolerance(reduce_dtype: str, w: int) -> Tolerance:
 
 
 def _clauses(s: Scenario, *extra: str) -> Scenario:
-    from conformance.catalogue.sharded import clauses_of
+    from conformance.catalogue.sharded_clauses import clauses_of
 
     return s.with_(clauses=tuple(sorted(set(clauses_of(s)) | set(extra), key=lambda x: int(x[1:]))))
 

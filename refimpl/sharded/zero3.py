@@ -67,6 +67,7 @@ from .bucketer import ReduceScatterBucketer
 from .engine import _all_gather_single
 from .optimizer import ShardedOptimizer
 from .reshard import PostForwardGroup, post_forward_group
+from .zero3_reads import ShardReads, _chunk
 
 __all__ = ["FullyShardedDataParallel", "MixedPrecisionPolicy"]
 
@@ -118,7 +119,7 @@ class _Unit:
         return out
 
 
-class FullyShardedDataParallel(nn.Module):
+class FullyShardedDataParallel(ShardReads, nn.Module):
     """ZeRO-3 data parallel on refimpl's reduce-scatter bucketer.
 
     Usage::
@@ -445,75 +446,6 @@ class FullyShardedDataParallel(nn.Module):
             g.mul_(coef.to(g.dtype))
         return total
 
-    # --- full and sharded reads -------------------------------------------------------------
-    def _gather_shards(self, pick: Callable[[_Param], Tensor | None]) -> dict[str, Tensor | None]:
-        """Every parameter rebuilt from every rank's chunk picked by ``pick`` (a collective)."""
-        out: dict[str, Tensor | None] = {}
-        for unit in self._units:
-            for dtype, group in unit.by_dtype().items():
-                mine = unit.flats[dtype].new_zeros(unit.flats[dtype].numel())
-                present = torch.tensor([0 if pick(q) is None else 1 for q in group], dtype=torch.int32,
-                                       device=mine.device)
-                for q in group:
-                    if pick(q) is not None:
-                        mine[q.offset:q.offset + q.chunk] = pick(q).detach()
-                gathered = mine.new_empty(self.world_size * mine.numel())
-                _all_gather_single(gathered, mine, group=self.process_group)
-                rows = gathered.view(self.world_size, mine.numel())
-                for q, has in zip(group, present.tolist(), strict=True):
-                    out[q.name] = (rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel].view(q.shape).clone()
-                                   if has else None)
-        return out
-
-    def full_gradients(self) -> dict[str, Tensor | None]:
-        """Unsharded reduced gradients by name (shard dtype); ``None`` where none was reduced. Collective."""
-        self._assert_idle("full_gradients()")
-        return self._gather_shards(lambda q: q.shard.grad)
-
-    def full_parameters(self) -> dict[str, Tensor]:
-        """Unsharded parameters by name, in the shards' dtype (copies). Collective.
-
-        Frozen parameters (``requires_grad=False``) are not sharded: every rank holds them.
-        """
-        gathered = self._gather_shards(lambda q: q.shard)
-        return {n: gathered[n] if n in gathered else p.detach().clone() for n, p in self.module.named_parameters()}
-
-    def local_shards(self) -> dict[str, tuple[Tensor, Tensor | None]]:
-        """This rank's (parameter chunk, gradient chunk) by name, padding included."""
-        return {q.name: (q.shard.detach(), None if q.shard.grad is None else q.shard.grad.detach())
-                for q in self._params}
-
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """Parameters (unsharded, shard dtype) and buffers by name, on every rank. Collective."""
-        state = dict(self.full_parameters())
-        state.update({n: b.detach().clone() for n, b in self.module.named_buffers()})
-        return state
-
-    @torch.no_grad()
-    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
-        """Take this rank's chunk of every parameter from a full state dict; buffers as they are."""
-        for q in self._params:
-            q.shard.copy_(_chunk(state[q.name].to(q.shard.dtype), q.chunk, self.rank, self.world_size))
-        for n, b in self.module.named_buffers():
-            if n in state:
-                b.copy_(state[n])
-
-    def sharded_state_dict(self) -> dict[str, dict]:
-        """This rank's chunks with what it takes to check them on load (no communication)."""
-        return {q.name: {"chunk": q.shard.detach().clone(), "shape": tuple(q.shape), "rank": self.rank,
-                         "world_size": self.world_size} for q in self._params}
-
-    @torch.no_grad()
-    def load_sharded_state_dict(self, state: dict[str, dict]) -> None:
-        for q in self._params:
-            entry = state[q.name]
-            if (entry["world_size"], entry["rank"], tuple(entry["shape"])) != (self.world_size, self.rank, tuple(q.shape)):
-                raise ValueError(
-                    f"sharded state of {q.name!r} is rank {entry['rank']} of {entry['world_size']} with shape "
-                    f"{entry['shape']}; this is rank {self.rank} of {self.world_size} with shape {tuple(q.shape)}: "
-                    "load a full state dict to change the world size")
-            q.shard.copy_(entry["chunk"])
-
 
 class _PostBackward(torch.autograd.Function):
     """Identity on a unit's forward inputs; its backward runs once their gradients are all
@@ -528,12 +460,6 @@ class _PostBackward(torch.autograd.Function):
     def backward(ctx, *grads):
         ctx.hook()
         return (None, *grads)
-
-
-def _chunk(full: Tensor, chunk: int, rank: int, world_size: int) -> Tensor:
-    padded = full.new_zeros(chunk * world_size)
-    padded[:full.numel()] = full.reshape(-1)
-    return padded[rank * chunk:(rank + 1) * chunk]
 
 
 def _free(param: Tensor) -> None:
