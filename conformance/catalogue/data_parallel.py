@@ -189,4 +189,14 @@ def issue30_scenarios() -> list[Scenario]:
              description="module.eval() before the last call: the replicas follow the module's mode at each call"),
         make("scalar-out", "scalar-out", w=2, dtype="float64",
              description="fp64 per-replica scalars keep their dtype in the gathered vector"),
+        # ambient x the other clauses: autocast with nested outputs and input grads, along dim 1, with frozen
+        # and tied parameters (the replicas' threads must see it whatever the data's shape)
+        # continuous data: nested-io's outputs are fp32 with or without autocast, only bf16-rounded values show it
+        make("autocast-nested", "nested-io", w=2, switches={"autocast": True, "input_grad": True},
+             tolerance=autocast[2], exact_data=False, profiles=STANDARD,
+             description="nested inputs and outputs, input gradients, under torch.autocast(bfloat16)"),
+        make("autocast-dim1", "batch-dim1", w=2, switches={"autocast": True}, tolerance=autocast[2], exact_data=True,
+             profiles=STANDARD, description="scatter and gather along dim 1 under torch.autocast(bfloat16)"),
+        make("autocast-frozen", "frozen", w=2, switches={"autocast": True}, tolerance=autocast[2], exact_data=True,
+             profiles=STANDARD, description="a frozen layer under torch.autocast(bfloat16): its grad stays None"),
     ]
