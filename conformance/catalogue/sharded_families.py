@@ -37,7 +37,7 @@ def _features(**kw) -> tuple:
 
 def scenarios() -> list[Scenario]:
     from conformance.catalogue.ddp_scenario import make
-    from conformance.catalogue.sharded import clauses_of
+    from conformance.catalogue.sharded_clauses import clauses_of
 
     def m(name, model, clause, *, need=(), **kw):
         options = kw.get("options", WrapOptions())
