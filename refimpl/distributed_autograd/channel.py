@@ -23,6 +23,8 @@ connecting never blocks a sender]): the sender asks the receiver for its address
 RPC, connects and presents the token.
 On the receiver a reader thread per connection runs each call in order and writes the answer
 back on the same connection; on the sender a reader thread hands each answer to its callback.
+A call made without a callback asks for no answer (messaging.py [Note: answers nobody
+needs]): the receiver runs it and writes nothing back.
 
 Address: the channel listens where TensorPipe does: on the interface ``TP_SOCKET_IFNAME`` names,
 else on the address the host name resolves to (TensorPipe's default). A run pinned to loopback
@@ -68,6 +70,7 @@ from .frames import decode, encode, encode_empty_answer
 ENV = "REFIMPL_DIST_AUTOGRAD_CHANNEL"
 _TOKEN_BYTES = 16
 _HELLO = struct.Struct("!I")  # the sender's worker id, after the token
+_NO_ANSWER = -1  # the sequence number of a call that asks for no answer
 
 OnDone = Callable[[object, "str | None"], None]
 
@@ -98,11 +101,14 @@ class Connection:
         self.closed: str | None = None  # why, once closed
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._pending: deque = deque()  # (pieces, keep) not yet fully written, in order
+        self._pending: deque = deque()  # frames' bytes not yet written (copies), in order
         self._writer: threading.Thread | None = None
 
     def write(self, frame: tuple[list, list]) -> None:
-        pieces, keep = frame
+        """Write ``frame`` now as far as the socket takes it; the rest is copied and left to the
+        writer thread. A frame may borrow a tensor's bytes (frames.py [Note: frames borrow]):
+        nothing of it is read after this returns."""
+        pieces, _borrowed = frame
         with self._lock:
             if self.closed is not None:
                 raise ConnectionError(f"connection to worker {self.peer} is closed: {self.closed}")
@@ -119,7 +125,7 @@ class Connection:
                     raise ConnectionError(f"sending to worker {self.peer} failed: {exc}") from exc
                 if not pieces:
                     return
-            self._pending.append((pieces, keep))
+            self._pending.append([memoryview(bytes(piece)) for piece in pieces])
             if self._writer is None:
                 self._writer = threading.Thread(
                     target=self._write_pending,
@@ -136,7 +142,7 @@ class Connection:
                     self._ready.wait()
                 if self.closed is not None:
                     return
-                pieces, _ = self._pending[0]
+                pieces = self._pending[0]
             try:
                 while pieces:
                     pieces = _advance(pieces, self.sock.sendmsg(pieces))
@@ -262,6 +268,9 @@ class Channel:
         try:
             while True:
                 seq, fn, args = decode(conn.rfile)
+                if seq == _NO_ANSWER:
+                    _run_unanswered(fn, args, self._is_current())
+                    continue
                 if not self._is_current():  # RPC was shut down (and maybe started again) here
                     answer, error = None, "the worker's RPC agent that this channel served is gone"
                 else:
@@ -285,14 +294,24 @@ class Channel:
                     self._served.remove(conn)
 
     # sending -----------------------------------------------------------------------------------
-    def call(self, dst: int, fn, args: tuple, on_done: OnDone) -> bool:
+    def call(self, dst: int, fn, args: tuple, on_done: OnDone | None) -> bool:
         """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, None)`` or ``on_done(None,
-        error)`` follows, once, on a channel thread. Returns ``False``, having sent nothing and
-        without calling ``on_done``, when there is no open connection to ``dst`` (one may be
-        opening: [Note: connecting never blocks a sender]); the caller sends another way."""
+        error)`` follows, once, on a channel thread (``on_done=None``: no answer, and nothing is
+        kept of the call once written). Returns ``False``, having sent nothing and without
+        calling ``on_done``, when there is no open connection to ``dst`` (one may be opening:
+        [Note: connecting never blocks a sender]); the caller sends another way."""
         conn = self._outgoing(dst)
         if conn is None:
             return False
+        if on_done is None:
+            if self.closed:
+                return False
+            try:
+                conn.write(encode((_NO_ANSWER, fn, args)))
+            except Exception:
+                return False  # no whole frame went out: the caller sends another way
+            self.calls_sent += 1
+            return True
         seq = next(self._seq)
         timeout = rpc.get_rpc_timeout()
         deadline = time.monotonic() + timeout if timeout > 0 else math.inf  # 0: no timeout
@@ -452,6 +471,17 @@ def _read_hello(sock: socket.socket) -> bytes | None:
         return None
     sock.settimeout(None)
     return hello
+
+
+def _run_unanswered(fn, args, current: bool) -> None:
+    """Run a call that asks for no answer; nobody can be told that it failed, so a failure is
+    reported as a warning (the engine's handlers for such calls do not raise)."""
+    if not current:  # its RPC agent is gone: the call belongs to an ended world
+        return
+    try:
+        fn(*args)
+    except Exception as exc:
+        warnings.warn(f"a distributed autograd channel call failed: {exc!r}", stacklevel=2)
 
 
 def _run_callback(on_done: OnDone, answer, error) -> None:

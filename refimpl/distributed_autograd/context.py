@@ -117,6 +117,12 @@ class DistAutogradContext:
         previous = self.grads.get(tensor)
         self.grads[tensor] = grad if previous is None else previous + grad
 
+    def accumulate_all(self, grads: dict[torch.Tensor, torch.Tensor]) -> None:
+        """:meth:`accumulate` every (leaf, gradient) of one local run, under one lock."""
+        with self.lock:
+            for tensor, grad in grads.items():
+                self.accumulate(tensor, grad)
+
     def release_graph(self) -> None:
         """Drop the references this context keeps into the autograd graph."""
         with self.lock:

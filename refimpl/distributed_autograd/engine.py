@@ -43,7 +43,6 @@ bookkeeping is undone on every worker whatever happens.
 from __future__ import annotations
 
 import functools
-from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 import torch
@@ -130,15 +129,19 @@ def _own_buffers(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, 
     a shared one, every gradient whose storage another leaf's gradient also uses is copied;
     an unshared one is kept without a copy.
     """
-    keys = [_storage_key(grad) for grad in grads.values()] if len(grads) > 1 else [0]
-    owners = Counter(keys)
+    shared: set = set()
+    if len(grads) > 1:
+        seen: set = set()
+        for grad in grads.values():
+            key = _storage_key(grad)
+            (shared if key in seen else seen).add(key)
     out = {}
-    for (leaf, grad), key in zip(grads.items(), keys, strict=False):
+    for leaf, grad in grads.items():
         if grad.requires_grad:
             grad = grad.detach()
         if grad.layout == torch.strided and not grad.is_contiguous():
             grad = grad.contiguous()
-        elif owners[key] > 1:
+        elif shared and _storage_key(grad) in shared:
             grad = grad.clone()
         out[leaf] = grad
     return out
@@ -198,32 +201,39 @@ def _run_local(
         with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
             _autograd_run(outputs, grad_outputs, retain_graph)
         if cap.leaves:
-            grads = _own_buffers(cap.leaves)
-            with ctx.lock:
-                for leaf, grad in grads.items():
-                    ctx.accumulate(leaf, grad)
-    outbound: dict[int, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+            ctx.accumulate_all(_own_buffers(cap.leaves))
+    outbound: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for origin, send_id, grad in cap.recvs:
-        outbound[origin].append((send_id, grad))
+        items = outbound.get(origin)
+        if items is None:
+            outbound[origin] = [(send_id, grad)]
+        else:
+            items.append((send_id, grad))
     return outbound
 
 
 # messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----
 def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool, share, path):
     """Send a local run's gradients to their origin workers, splitting ``share`` of the credit
-    between the messages; a run that sends nothing hands its credit back to the root."""
+    between the messages; a run that sends nothing hands its credit back to the root.
+
+    A message to the root asks for no answer: the answer only tells the sender to hand the
+    message's credit back when its receiver failed, and the receiver is the root itself
+    ([Note: answers nobody needs])."""
     if not outbound:
         _hand_back(me, root, pass_id, share, path, None)
         return
     dsts = list(outbound)
     with ctx.lock:
         ctx.known_workers.update(dsts)
-    part = share / len(dsts)
+    part = credit_mod.split(share, len(dsts))
     for dst in dsts:
         items = outbound[dst]
-        wire = credit_mod.to_wire(part)
-        args = (root, pass_id, ctx.context_id, me, items, retain_graph, wire, path)
-        answered = functools.partial(_delivered, me, root, pass_id, part, path, dst)
+        args = (root, pass_id, ctx.context_id, me, items, retain_graph, part, path)
+        if dst == root:
+            answered = None
+        else:
+            answered = functools.partial(_delivered, me, root, pass_id, part, path, dst)
         try:
             messaging.send(dst, _receive_gradients, args, answered, [grad for _, grad in items])
         except Exception as exc:
@@ -239,16 +249,16 @@ def _delivered(me, root, pass_id, part, path, dst, answer, error: str | None) ->
         return
     if answer is not None:
         credit, reached, error = answer
-        credit_mod.registry.returned(pass_id, credit_mod.from_wire(credit), reached, error)
+        credit_mod.registry.returned(pass_id, credit, reached, error)
 
 
 def _hand_back(me: int, root: int, pass_id: int, credit, reached, error) -> None:
+    """Return ``credit`` to the root: a message without an answer (only the root waits for it)."""
     if root == me:
         credit_mod.registry.returned(pass_id, credit, reached, error)
         return
-    args = (pass_id, credit_mod.to_wire(credit), reached, error)
     try:
-        messaging.send(root, _credit_returned, args, messaging.ignore_answer)
+        messaging.send(root, _credit_returned, (pass_id, credit, reached, error), None)
     except Exception:
         pass  # the root is unreachable from here: nobody else could tell it either
 
@@ -258,14 +268,14 @@ def _end_of_branch(me: int, root: int, sender: int, pass_id: int, credit, reache
     when its sender is the root (no extra message: the parameter-server and fan-out shapes),
     else by a message of its own to the root."""
     if sender == root:
-        return (credit_mod.to_wire(credit), reached, error)
+        return (credit, reached, error)
     _hand_back(me, root, pass_id, credit, reached, error)
     return None
 
 
 # RPC entry points --------------------------------------------------------------------------------
 def _credit_returned(pass_id: int, credit, reached, error) -> None:
-    credit_mod.registry.returned(pass_id, credit_mod.from_wire(credit), reached, error)
+    credit_mod.registry.returned(pass_id, credit, reached, error)
 
 
 def _receive_gradients(
@@ -286,16 +296,14 @@ def _receive_gradients(
         ctx = cont.retrieve(context_id)
     except Exception as exc:
         cont.pass_finished(context_id)
-        credit = credit_mod.from_wire(share)
-        return _end_of_branch(me, root, sender, pass_id, credit, path | {me}, (me, f"{exc}"))
+        return _end_of_branch(me, root, sender, pass_id, share, path | {me}, (me, f"{exc}"))
     with ctx.lock:
         ctx.known_workers.add(sender)
-    credit = credit_mod.from_wire(share)
-    message = (items, credit, path)
+    message = (items, share, path)
     if root == me:  # the waiting backward runs it: credit.py [Note: the root's own messages]
         tracker = credit_mod.registry.get(pass_id)
         if tracker is not None:
-            tracker.deliver(message, credit)
+            tracker.deliver(message, share)
         cont.pass_finished(context_id)
         return None
     key = (root, pass_id)
@@ -320,8 +328,12 @@ def _receive_gradients(
 def _run_messages(ctx: DistAutogradContext, me: int, batch):
     """Run the local part for one or more gradient messages of a pass (caller holds
     ``ctx.receive_lock``): (their credit, their paths joined with this worker, outbound, error)."""
-    share = sum((credit for _, credit, _ in batch), credit_mod.NONE)
-    path = frozenset({me}).union(*(p for _, _, p in batch))
+    if len(batch) == 1:
+        _, share, path = batch[0]
+        path = path if me in path else path | {me}
+    else:
+        share = functools.reduce(credit_mod.add, (credit for _, credit, _ in batch))
+        path = frozenset({me}).union(*(p for _, _, p in batch))
     try:
         if profiler_enabled():
             with record_function(SEND_NAME):

@@ -6,6 +6,13 @@ tensors' bytes back to back. 100 small gradients cost one copy and one buffer, n
 tensors (a tensor pickled the ordinary way goes through ``torch.save``: ~100 us to write and
 ~250 us to read here). Sparse tensors and tensors on other devices are pickled the ordinary
 way; the engine keeps such messages off the channel anyway.
+
+[Note: frames borrow]
+A dtype group of one contiguous tensor (the usual gradient message: one gradient per send
+edge) goes out as that tensor's own bytes, without a copy: the frame borrows them. The channel
+writes a frame before ``Connection.write`` returns, or copies what the socket did not take
+(channel.py), so a tensor changed in place after its message was sent (a parameter fetched by
+``to_here`` and then stepped) never changes bytes still to be written.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ import torch
 from .._torch_compat import flatten_dense
 
 _HEADER = struct.Struct("!IQI")  # layout length, pickle length, number of raw buffers
-_LENGTH = struct.Struct("!Q")
 _EMPTY_ANSWER = 0xFFFFFFFF  # a header's layout length that marks an empty answer
 
 
@@ -38,9 +44,13 @@ def _plain(t: torch.Tensor) -> bool:
 
 
 def _tensor_slot(index: int) -> torch.Tensor:
-    """Stands in a frame's pickle for the frame's ``index``-th tensor; :class:`_Unpickler`
-    resolves it to the tensor (it is never called)."""
-    raise RuntimeError("a channel frame must be read with channel.decode")
+    """Stands in a frame's pickle for the frame's ``index``-th tensor: while :func:`decode`
+    unpickles a frame on this thread, the call returns that tensor. Resolving slots by a call,
+    not by a ``find_class`` override, keeps the unpickling in C (``pickle.loads``)."""
+    tensors = getattr(_decoding, "tensors", None)
+    if tensors is None:
+        raise RuntimeError("a channel frame must be read with frames.decode")
+    return tensors[index]
 
 
 def _reduce_tensor(t: torch.Tensor):
@@ -52,6 +62,7 @@ def _reduce_tensor(t: torch.Tensor):
 
 
 _encoding = threading.local()
+_decoding = threading.local()
 
 
 class _DispatchTable(dict):
@@ -70,17 +81,6 @@ class _Pickler(pickle.Pickler):
     dispatch_table = _DispatchTable({torch.Tensor: _reduce_tensor})
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, tensors: list) -> None:
-        super().__init__(file)
-        self._tensors = tensors
-
-    def find_class(self, module, name):
-        if module == __name__ and name == "_tensor_slot":
-            return self._tensors.__getitem__
-        return super().find_class(module, name)
-
-
 def encode(obj) -> tuple[list, list]:
     """``obj`` as a frame: (the pieces to write, in order; the tensors they borrow from).
 
@@ -93,38 +93,83 @@ def encode(obj) -> tuple[list, list]:
         _Pickler(out, protocol=5).dump(obj)
     finally:
         _encoding.tensors = None
-    groups: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault(t.dtype, []).append(i)
-    flats, layout = [], []
-    with torch.no_grad():
-        for members in groups.values():
-            parts = [tensors[i] for i in members]
-            shapes = [tuple(part.shape) for part in parts]
-            # Raw bytes ignore the lazy conjugate / negative bits: the values, resolved.
-            flats.append(_flatten(parts, shapes).resolve_conj().resolve_neg())
-            layout.append((members, shapes))
-    meta = pickle.dumps(([f.dtype for f in flats], layout), protocol=5)
+    body = out.getbuffer()
+    if not tensors:
+        return [memoryview(_HEADER.pack(len(_NO_LAYOUT), len(body), 0)), _NO_LAYOUT_VIEW, body], []
+    if len(tensors) == 1:  # the usual gradient message: no grouping, no copy
+        t = tensors[0]
+        flats = [_values(t)]
+        layout = [([0], [tuple(t.shape)])]
+    else:
+        groups: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            groups.setdefault(t.dtype, []).append(i)
+        flats, layout = [], []
+        with torch.no_grad():
+            for members in groups.values():
+                parts = [tensors[i] for i in members]
+                shapes = [tuple(part.shape) for part in parts]
+                flats.append(_values(parts[0]) if len(parts) == 1 else _flatten(parts, shapes))
+                layout.append((members, shapes))
+    meta = pickle.dumps(([_dtype_name(f.dtype) for f in flats], layout), protocol=5)
     if len(meta) >= _EMPTY_ANSWER:
         raise ValueError(f"a message with {len(tensors)} tensors is too large for one frame")
-    body = out.getbuffer()
     views = [_bytes_of(f) for f in flats]
-    head = _HEADER.pack(len(meta), len(body), len(views)) + b"".join(
-        _LENGTH.pack(v.nbytes) for v in views
+    head = _HEADER.pack(len(meta), len(body), len(views)) + struct.pack(
+        f"!{len(views)}Q", *(v.nbytes for v in views)
     )
     return [memoryview(head), memoryview(meta), body, *views], flats
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    """A lone tensor's values, contiguous: the tensor itself when it already is (see [Note:
+    frames borrow]). Raw bytes ignore the lazy conjugate / negative bits: resolved here."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_DTYPES: dict[str, torch.dtype] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """A dtype's name in a frame's layout (a pickled ``torch.dtype`` costs a global lookup each
+    way; a name is a plain string)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        dtype = getattr(torch, name)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a frame names an unknown dtype {name!r}")
+        _DTYPES[name] = dtype
+    return dtype
+
+
+_NO_LAYOUT = pickle.dumps(([], []), protocol=5)
+_NO_LAYOUT_VIEW = memoryview(_NO_LAYOUT)
 
 
 def _flatten(parts: list, shapes: list) -> torch.Tensor:
     """The parts' values back to back, in one kernel where their shapes allow: gradients are
     often one shape, and often views (a sum's gradient is an expanded scalar), which
     ``flatten_dense`` would first copy one by one (100 expanded gradients: 184 us; ``cat``:
-    21 us)."""
+    21 us). Raw bytes ignore the lazy conjugate / negative bits: the values are resolved."""
     if all(len(shape) == 1 for shape in shapes):
-        return torch.cat(parts)
-    if len(set(shapes)) == 1:
-        return torch.stack(parts).reshape(-1)
-    return flatten_dense(parts)
+        flat = torch.cat(parts)
+    elif len(set(shapes)) == 1:
+        flat = torch.stack(parts).reshape(-1)
+    else:
+        flat = flatten_dense(parts)
+    return flat.resolve_conj().resolve_neg()
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -136,6 +181,7 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 
 
 def _read_exact(rfile, n: int) -> bytearray:
+    """``n`` bytes into a buffer of their own (writable: tensors are made on it)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -147,6 +193,14 @@ def _read_exact(rfile, n: int) -> bytearray:
     return buf
 
 
+def _read(rfile, n: int) -> bytes:
+    """``n`` bytes (a buffered reader's ``read`` returns fewer only at the end of the stream)."""
+    data = rfile.read(n)
+    if len(data) != n:
+        raise ConnectionError("connection closed by peer (EOF)")
+    return data
+
+
 def encode_empty_answer(seq: int) -> tuple[list, list]:
     """The frame of the answer ``(seq, None, None)``: a header alone (most answers are empty:
     a gradient message's answer only says it was handled; no pickle to write or read)."""
@@ -155,24 +209,33 @@ def encode_empty_answer(seq: int) -> tuple[list, list]:
 
 def decode(rfile):
     """Read one frame (see :func:`encode`) from a buffered reader: the object."""
-    meta_len, body_len, count = _HEADER.unpack(_read_exact(rfile, _HEADER.size))
+    meta_len, body_len, count = _HEADER.unpack(_read(rfile, _HEADER.size))
     if meta_len == _EMPTY_ANSWER:
         return body_len, None, None
-    sizes = struct.unpack(f"!{count}Q", _read_exact(rfile, 8 * count)) if count else ()
-    dtypes, layout = pickle.loads(_read_exact(rfile, meta_len))
-    body = _read_exact(rfile, body_len)
+    head = _read(rfile, 8 * count + meta_len + body_len)  # buffer sizes, layout, pickle: one read
+    sizes = struct.unpack_from(f"!{count}Q", head) if count else ()
+    meta_end = 8 * count + meta_len
+    if not count:
+        return pickle.loads(memoryview(head)[meta_end:])
+    names, layout = pickle.loads(memoryview(head)[8 * count : meta_end])
     tensors: list = [None] * sum(len(members) for members, _ in layout)
-    for dtype, n, (members, shapes) in zip(dtypes, sizes, layout, strict=True):
-        data = _read_exact(rfile, n)
-        flat = torch.frombuffer(data, dtype=dtype) if n else torch.empty(0, dtype=dtype)
-        if len(set(shapes)) == 1:  # one shape: one view, cut along its first dimension
-            parts = flat.view(len(shapes), *shapes[0]).unbind(0)
-            for i, part in zip(members, parts, strict=True):
+    for name, n, (members, shapes) in zip(names, sizes, layout, strict=True):
+        dtype = _dtype(name)
+        if n:
+            flat = torch.frombuffer(_read_exact(rfile, n), dtype=dtype)
+        else:
+            flat = torch.empty(0, dtype=dtype)
+        if len(members) == 1:
+            tensors[members[0]] = flat.view(shapes[0])
+        elif len(set(shapes)) == 1:  # one shape: one view, cut along its first dimension
+            for i, part in zip(members, flat.view(len(shapes), *shapes[0]).unbind(0), strict=True):
                 tensors[i] = part
-            continue
-        parts = flat.split([math.prod(shape) for shape in shapes])
-        for i, shape, part in zip(members, shapes, parts, strict=True):
-            tensors[i] = part if len(shape) == 1 else part.view(shape)
-    return _Unpickler(io.BytesIO(body), tensors).load()
-
-
+        else:
+            parts = flat.split([math.prod(shape) for shape in shapes])
+            for i, shape, part in zip(members, shapes, parts, strict=True):
+                tensors[i] = part if len(shape) == 1 else part.view(shape)
+    _decoding.tensors = tensors
+    try:
+        return pickle.loads(memoryview(head)[meta_end:])
+    finally:
+        _decoding.tensors = None

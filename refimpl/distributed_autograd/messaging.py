@@ -5,6 +5,14 @@ A message whose tensors are all dense CPU tensors goes on this worker's gradient
 channel is switched off (``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc``), is an RPC through torch's
 agent. Either way the sender learns the outcome the same way: ``on_done(answer, None)``, or
 ``on_done(None, error)`` when the receiver failed, died or timed out.
+
+[Note: answers nobody needs]
+``on_done=None`` sends a message that asks for no answer: on the channel the receiver writes
+none back and the sender keeps no record of the call; as an RPC its outcome is dropped. The
+engine sends that way what only the root waits for: credit returns, and gradient messages to
+the root itself. An answer to those could only say the root failed or died, which the root
+needs nobody to tell; and it cost the root a write, and the sender a wake-up and a callback,
+in the middle of the pass (the last hop of a chain: while the root runs its own last part).
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from .frames import carries
 
 
 def send(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
-    """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, error)`` follows on another thread.
-    Raises if the message cannot be sent at all (the worker is unknown or unreachable now)."""
+    """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, error)`` follows on another thread
+    (``on_done=None``: no answer, see [Note: answers nobody needs]). Raises if the message
+    cannot be sent at all (the worker is unknown or unreachable now)."""
     channel = container().channel
     if channel is not None and carries(tensors) and channel.call(dst, fn, args, on_done):
         return
@@ -33,7 +42,8 @@ def send_rpc(dst: int, fn, args: tuple, on_done) -> None:
     """``send``, always as an RPC through torch's agent (for messages that must keep their
     order behind the agent's other RPCs: lifetime.py [Note: context release])."""
     fut = rpc.rpc_async(dst, fn, args=args)
-    fut.add_done_callback(functools.partial(_rpc_answered, on_done))
+    if on_done is not None:
+        fut.add_done_callback(functools.partial(_rpc_answered, on_done))
 
 
 def call_async(dst: int, fn, args: tuple) -> torch.futures.Future:
@@ -48,10 +58,6 @@ def call_async(dst: int, fn, args: tuple) -> torch.futures.Future:
 
     send(dst, fn, args, done)
     return fut
-
-
-def ignore_answer(answer, error) -> None:
-    """For messages nobody waits on (a credit return: only the root waits for that credit)."""
 
 
 def _rpc_answered(on_done, fut: torch.futures.Future) -> None:

@@ -3,15 +3,18 @@ two channels in one process find each other through a stand-in for the RPC addre
 
 from __future__ import annotations
 
+import io
 import socket
 import threading
 import time
+import warnings
 
 import pytest
 import torch
 
 from refimpl.distributed_autograd import channel as channel_mod
 from refimpl.distributed_autograd.channel import Channel, Connection
+from refimpl.distributed_autograd.frames import decode, encode
 
 
 # connections --------------------------------------------------------------------------------------
@@ -29,6 +32,37 @@ def test_a_write_to_a_full_connection_returns_and_the_writer_finishes_it_in_orde
     while len(received) < 8 << 20:
         received += b.recv(1 << 20)
     assert bytes(received) == b"".join(chunks)
+    conn.close("test over")
+    b.close()
+
+
+def test_what_a_full_connection_leaves_to_its_writer_is_a_copy():
+    """A frame may borrow a tensor's memory (frames.py [Note: frames borrow]): what the socket
+    did not take is copied before write returns, so a later in-place change is not sent."""
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=1)
+    filler = b"\0" * (8 << 20)  # far over the socket buffers: what follows waits its turn
+    t = torch.arange(1024, dtype=torch.float32)
+    writing = threading.Thread(
+        target=lambda: [conn.write(([memoryview(filler)], [])), conn.write(encode([t]))],
+        daemon=True,
+    )
+    writing.start()
+    writing.join(30)
+    assert not writing.is_alive(), "write blocked on a peer that does not read"
+    t.fill_(-1.0)  # after write returned, before the writer thread sent it
+    received = bytearray()
+    while len(received) < len(filler):
+        received += b.recv(1 << 20)
+    b.settimeout(30)
+    rest = bytes(received[len(filler) :])
+    while True:
+        try:
+            got = decode(io.BytesIO(rest))
+            break
+        except ConnectionError:  # not all of it yet
+            rest += b.recv(1 << 20)
+    assert torch.equal(got[0], torch.arange(1024, dtype=torch.float32))
     conn.close("test over")
     b.close()
 
@@ -109,6 +143,56 @@ def test_calls_are_answered_in_both_directions_on_separate_connections(pair):
     _call(pair[0], 1, _scale, (torch.ones(1), 3.0), a)
     _call(pair[1], 0, _scale, (torch.ones(1), 5.0), b)
     assert a.wait()[0].item() == 3.0 and b.wait()[0].item() == 5.0
+
+
+_RAN: list = []
+_RAN_EVENT = threading.Event()
+
+
+def _record(value) -> None:
+    _RAN.append(value)
+    _RAN_EVENT.set()
+
+
+def test_a_call_without_a_callback_runs_and_nothing_comes_back(pair, monkeypatch):
+    """messaging.py [Note: answers nobody needs]: the peer runs it and writes nothing back; the
+    sender keeps no record of it."""
+    written = []
+    write = Connection.write
+
+    def counting_write(self, frame):
+        written.append(self.peer)
+        return write(self, frame)
+
+    monkeypatch.setattr(Connection, "write", counting_write)
+    _RAN.clear()
+    _RAN_EVENT.clear()
+    first = _Answers()
+    _call(pair[0], 1, _scale, (torch.ones(1), 1.0), first)  # opens the connection
+    first.wait()
+    assert pair[0].call(1, _record, ("no answer",), None)
+    assert _RAN_EVENT.wait(30) and _RAN == ["no answer"]
+    assert not pair[0]._calls and pair[0].calls_sent == 2
+    later = _Answers()
+    _call(pair[0], 1, _scale, (torch.ones(1), 5.0), later)
+    assert later.wait()[0].item() == 5.0
+    time.sleep(0.2)
+    # worker 1 wrote two answers (to worker 0): none for the call that asked for none
+    assert written.count(0) == 2 and written.count(1) == 3 and len(later.got) == 1
+
+
+def test_a_failing_call_without_a_callback_is_a_warning_on_the_peer(pair):
+    first = _Answers()
+    _call(pair[0], 1, _scale, (torch.ones(1), 1.0), first)
+    first.wait()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert pair[0].call(1, _fail, ("nobody to tell",), None)
+        deadline = time.monotonic() + 30
+        while not any("nobody to tell" in str(w.message) for w in caught):
+            assert time.monotonic() < deadline, "no warning"
+            time.sleep(0.01)
+    assert "channel call failed" in str(caught[-1].message)
 
 
 def test_an_exception_in_the_call_comes_back_as_its_error(pair):

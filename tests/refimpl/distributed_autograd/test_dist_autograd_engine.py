@@ -30,6 +30,34 @@ def test_root_validation_messages(roots, match):
         validate_roots(roots)
 
 
+def test_only_messages_someone_waits_for_ask_for_an_answer(monkeypatch):
+    """A gradient message to another worker asks for an answer (its sender hands the credit
+    back if the receiver failed); one to the root, and a credit return, ask for none
+    (messaging.py [Note: answers nobody needs])."""
+    import importlib
+
+    engine = importlib.import_module("refimpl.distributed_autograd.engine")
+    context = importlib.import_module("refimpl.distributed_autograd.context")
+    sent = []
+
+    def send(dst, fn, args, on_done, tensors=()):
+        sent.append((dst, fn.__name__, on_done is None, args[-2] if len(args) == 8 else None))
+
+    monkeypatch.setattr(engine.messaging, "send", send)
+    ctx = context.DistAutogradContext(1)
+    grad = torch.ones(1)
+    outbound = {0: [(0, grad)], 2: [(1, grad)], 3: [(2, grad)]}
+    engine._send_on(ctx, 1, 0, 7, outbound, False, (1, 2), frozenset({0, 1}))
+    engine._hand_back(1, 0, 7, (1, 4), {1}, None)
+    assert sent == [
+        (0, "_receive_gradients", True, (1, 6)),  # the root: no answer
+        (2, "_receive_gradients", False, (1, 6)),
+        (3, "_receive_gradients", False, (1, 6)),
+        (0, "_credit_returned", True, None),
+    ]
+    assert ctx.known_workers == {0, 2, 3}
+
+
 def test_root_validation_types():
     with pytest.raises(TypeError, match="list of scalar tensors"):
         validate_roots(None)

@@ -41,6 +41,21 @@ def test_received_tensors_are_writable_and_independent_of_the_sender():
     assert torch.equal(got, sent + 1.0)
 
 
+def test_a_lone_contiguous_tensor_goes_out_from_its_own_memory():
+    """No copy (frames.py [Note: frames borrow]): the frame's bytes are the tensor's until
+    written, so a change made before the write shows in the frame."""
+    t = torch.zeros(4, 8)[1:]  # contiguous, at an offset in its storage
+    pieces, borrowed = encode((1, [t]))
+    t.fill_(5.0)
+    got = decode(io.BytesIO(b"".join(bytes(p) for p in pieces)))[1][0]
+    assert torch.equal(got, torch.full((3, 8), 5.0)) and borrowed[0].data_ptr() == t.data_ptr()
+    # not contiguous, or one of several of its dtype: copied into the frame
+    u = torch.zeros(3, 2).t()
+    pieces, _ = encode([u, torch.zeros(2), torch.zeros(1, dtype=torch.int64)])
+    u.fill_(5.0)
+    assert torch.equal(decode(io.BytesIO(b"".join(bytes(p) for p in pieces)))[0], torch.zeros(2, 3))
+
+
 def test_many_tensors_of_one_dtype_travel_in_one_buffer():
     pieces, _ = encode([torch.randn(64) for _ in range(100)] + [torch.randn(2).double()])
     # header, layout, pickle, then one raw buffer per dtype
