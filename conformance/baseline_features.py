@@ -14,7 +14,9 @@ applies what the feature does to the averaged gradients:
   scaled by the same scale; the recorded gradients are the scaled averages; `scaler.step`
   and `update` run on the oracle's own scaler (an overflow on any rank skips the step on all).
 - clip: `clip_grad_norm_` on the averaged gradients (after unscaling, with a scaler), or the
-  engine's own clipping where it declares one (`Semantics.clipping`, e.g. DeepSpeed's).
+  engine's own clipping where it declares one (`Semantics.clipping`, e.g. DeepSpeed's). In the
+  sharded area the global norm is summed over shards in the engine's order: the clipped step's
+  parameters are judged against the bound derived for that (`conformance.clip_bound`).
 - freeze: the same requires_grad schedule; frozen parameters have no gradient.
 - checkpointed models run without checkpointing; compile and checkpoint round trips do not
   change the expected values at all (training straight through, eagerly, is the reference).
@@ -26,6 +28,8 @@ import torch
 
 from conformance.anchor import load_params
 from conformance.baseline_events import Baseline, Expected, dense, load_buffers
+from conformance.clip_bound import ClipBound
+from conformance.clip_bound import applies as clip_applies
 from conformance.envelope import reduce, reference, rule_of
 from conformance.features import (
     Features,
@@ -80,7 +84,9 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     comm = None
     if semantics.communication is not None:
         comm = semantics.communication.simulator(scenario, [(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    clip = ClipBound(feats.clip, opt) if opt is not None and clip_applies(scenario, semantics, feats) else None
     for step in range(feats.total_steps(scenario)):
+        bounds = None
         if anchor is not None and anchor.params_before(step) is not None:  # the engine's own state
             load_params(model, anchor.params_before(step))
             anchored_buffers = anchor.buffers_before(step)
@@ -130,14 +136,21 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
                 if semantics.clipping is not None:  # declared: the engine's own arithmetic, replayed
                     semantics.clipping.apply([torch.zeros_like(p) if p.grad is None else p.grad for p in params], feats.clip, W)
                 else:
-                    torch.nn.utils.clip_grad_norm_(params, feats.clip)
+                    if clip is not None:  # conformance.clip_bound: another engine's order of the norm
+                        clip.before_clip(params)
+                    norm = torch.nn.utils.clip_grad_norm_(params, feats.clip)
+                    if clip is not None:
+                        clip.check_norm(float(norm))
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()
             else:
                 opt.step()
+            bounds = clip.after_step(named) if clip is not None else None
             opt.zero_grad(set_to_none=True)
         params_now = state()
+        if bounds:  # the clipped step within the bound derived for a reordered global norm
+            params_now = clip.envelopes(params_now, bounds)
         baseline.events.append(Expected(
             "step", step, 0, True, [params_now if r in active else None for r in range(W)],
             buffers=[after_forward.get(r) for r in range(W)],

@@ -14,6 +14,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "conformance.semantics", "conformance.expectations")),
     ("models, features, comparison, failures", ("conformance.models", "conformance.features", "conformance.compare",
                                                 "conformance.envelope", "conformance.anchor", "conformance.shards",
+                                                "conformance.clip_bound", "conformance.replica_oracle",
                                                 "conformance.failure",
                                                 "conformance.baseline_events")),
     ("catalogue", ("conformance.catalogue",)),
