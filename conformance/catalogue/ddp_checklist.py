@@ -8,7 +8,9 @@ only a non-zero rank uses; under `join()`, rank 0 running out of data first), wh
 forward's outputs in a dict and a list), which ambient dtype (float64 on continuous data, where a
 float32 round trip shows) and end of life (a `no_sync()` accumulation thrown away by `zero_grad`).
 They were written after measuring the catalogue against the independent zoo
-(`conformance.mutants.independent.ddp`); each bug shows at 2 ranks, so all are in quick.
+(`conformance.mutants.independent.ddp`); each of its bugs shows at 2 ranks, so those are in quick.
+Standard adds the same cells at 3 ranks, and autocast (ambient) combined with `no_sync()`,
+unused parameters, buffers and `join()`.
 """
 
 from __future__ import annotations
@@ -57,5 +59,16 @@ def scenarios(m: Callable[..., Scenario]) -> list[Scenario]:
           profiles=STANDARD),
         m("join-rank0-first", "mlp", w=3, steps=5, features=_f(join=(1, 5, 3)), extra_requires=frozenset({C.JOIN}),
           clauses=("D10",), profiles=STANDARD, upstream="pytorch/pytorch#38174"),
+        # standard: autocast (ambient) combined with no_sync, unused parameters, buffers and join
+        m("autocast-no-sync", "mlp", micro_batches=2, steps=3, features=_f(autocast="bfloat16"), clauses=("D3", "D13"),
+          profiles=STANDARD, description="no_sync() accumulation of autocast (bf16) forwards"),
+        m("autocast-unused", "branches", steps=3, options=FUF, model_kwargs={"mode": "unused-on-rank1"},
+          features=_f(autocast="bfloat16"), clauses=("D4", "D13"), profiles=STANDARD,
+          description="find_unused_parameters' graph walk through autocast's cast nodes"),
+        m("autocast-buffers", "buffered", steps=3, features=_f(autocast="bfloat16"), clauses=("D6", "D13"),
+          profiles=STANDARD, description="rank 0's buffers broadcast before autocast forwards that use them"),
+        m("join-autocast", "mlp", steps=5, features=_f(join=(2, 5), autocast="bfloat16"),
+          extra_requires=frozenset({C.JOIN}), clauses=("D10", "D13"), profiles=STANDARD,
+          description="join() with rank 0 out first, autocast forwards"),
     ]
     return out
