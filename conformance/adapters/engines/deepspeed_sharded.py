@@ -26,13 +26,8 @@ differences are strict xfails in `conformance/adapters/xfails/deepspeed-zero3-sh
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from conformance.adapters.engines.deepspeed import DeepSpeedAdapter
-
-
-def _cpu(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.detach().to("cpu", copy=True)
+from conformance.adapters.engines.deepspeed import _cpu as _as_read
 
 
 def local_shards(wrapped) -> dict[str, dict]:
@@ -43,8 +38,12 @@ def local_shards(wrapped) -> dict[str, dict]:
     for name, p in wrapped.module.named_parameters():
         if not p.requires_grad:
             continue
-        out[name] = {"placement": "flat-chunk", "param": _cpu(safe_get_local_fp32_param(p)),
-                     "grad": _cpu(safe_get_local_grad(p)), "param_padding": "unspecified"}
+        # The fp32 master partitions, read as the gathered reads are: the gradient as the adapter reads
+        # full gradients (in a half-precision parameter's dtype where that cast is lossless), the
+        # master cast to the parameter's dtype (what DeepSpeed copies into the module's parameters).
+        master = safe_get_local_fp32_param(p)
+        out[name] = {"placement": "flat-chunk", "param": None if master is None else master.detach().to("cpu", p.dtype, copy=True),
+                     "grad": _as_read(safe_get_local_grad(p), p), "param_padding": "unspecified"}
     return out
 
 
