@@ -74,6 +74,8 @@ KIND_CLAUSES = {
     "shared-grad": ("A16",), "accumulate-hooks": ("A17",),
     # issue 30's
     "local-only": ("A3",), "rref-twice": ("A12",), "async-single": ("A10",), "retain-graph-simple": ("A5",),
+    "roots-twice": ("A6",), "async-structures": ("A9", "A10"), "sparse-twice": ("A2", "A13"),
+    "accumulate-hooks-retained": ("A5", "A17"),
 }
 CLAUSE_SCENARIOS = [
     make("async", 3, STANDARD, seed=2, description="two rpc_async calls in flight at once (A10 in standard)")
@@ -120,4 +122,11 @@ def issue30_scenarios() -> list[Scenario]:
         make("async-single", 2, description="one rpc_async at two workers, its future waited on"),
         make("retain-graph-simple", 2, description="2 passes with retain_graph then one without, across one "
              "RPC: 3x"),
+        # standard: the inputs and how-often cells of A6, A10, A13 and A17
+        make("roots-twice", 2, STANDARD, description="the same root twice in one backward: twice its gradient"),
+        make("async-structures", 2, STANDARD, description="nested arguments and results through rpc_async"),
+        make("sparse-twice", 2, STANDARD, description="a sparse leaf sent in two calls: both contributions, "
+             "still sparse"),
+        make("accumulate-hooks-retained", 2, STANDARD, description="an AccumulateGrad hook over 3 passes (2 "
+             "retained): it runs once per pass"),
     ]

@@ -337,11 +337,35 @@ def async_single(mode, seed, L):
     return [(f.wait() * L["x"]).sum()]
 
 
+def roots_twice(mode, seed, L):
+    """The same root twice in one backward: the gradient of their sum (twice the root's)."""
+    y = call(mode, "worker1", torch.mul, (L["x"], L["w"])).sum()
+    return [y, y]
+
+
+def async_structures(mode, seed, L):
+    """Nested arguments and results through rpc_async (A9's structures, A10's call)."""
+    x, w = L["x"], L["w"]
+    out = call_async(mode, "worker1", nested_structures, ((x, w), [x * 2], {"t": w})).wait()
+    prod, (s,) = out["prod"]
+    return [(prod * s).sum() + out["cos"].sum()]
+
+
+def sparse_twice(mode, seed, L):
+    """A sparse leaf sent in two calls: two contributions to one sparse gradient."""
+    y1 = call(mode, "worker1", torch.sparse.mm, (L["s"], L["w"]))
+    y2 = call(mode, "worker1", torch.sparse.mm, (L["s"], L["w"] * 2))
+    return [(y1 * L["x"]).sum() + (y2 * L["x"]).sum()]
+
+
 COMPOSITIONS.update({
     "local-only": local_only, "rref-twice": rref_twice, "async-single": async_single,
-    "retain-graph-simple": simple,
+    "retain-graph-simple": simple, "roots-twice": roots_twice, "async-structures": async_structures,
+    "sparse-twice": sparse_twice, "accumulate-hooks-retained": accumulate_hooks,
 })
-RETAINED = {"retain-graph": 4, "retain-graph-simple": 3}  # passes: all but the last with retain_graph=True
+LEAVES.update({"sparse-twice": ("x", "w", "s")})
+# passes: all but the last with retain_graph=True
+RETAINED = {"retain-graph": 4, "retain-graph-simple": 3, "accumulate-hooks-retained": 3}
 
 
 def passes(kind: str) -> int:
