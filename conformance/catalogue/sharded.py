@@ -28,11 +28,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from conformance.catalogue import ddp
+
+# Models with buffers that training updates (see the module docstring), and the clauses each
+# scenario exercises: in `sharded_clauses`, which the family modules import without a circle.
+from conformance.catalogue.sharded_clauses import BUFFER_READING_MODELS, clauses_of
 from conformance.spec import Capability as C
 from conformance.spec import Scenario
 
-# Models with buffers that training updates (see the module docstring).
-BUFFER_READING_MODELS = {"buffered", "cnn-bn"}
 # The quick profile is part of every default `gradparity run` (three sharded adapters):
 # one scenario per concern; the DDP catalogue's other quick ones run in standard.
 QUICK_IDS = {
@@ -52,40 +54,6 @@ def applies(s: Scenario) -> bool:
     return not (o.comm_hook or o.reduce_dtype or o.gradient_as_bucket_view or o.static_graph or C.SPARSE in s.requires)
 
 
-def _padded(s: Scenario) -> bool:
-    """Whether some parameter's size is not a multiple of the world size (a padded shard)."""
-    from conformance.models.data import build_model
-
-    if s.world_size == 1:
-        return False
-    model = build_model(s.model, s.kwargs(), seed=s.seed, rank=0, dtype=s.dtype, device="cpu", exact=s.exact_data)
-    return any(p.numel() % s.world_size for p in model.parameters())
-
-
-def clauses_of(s: Scenario) -> tuple[str, ...]:
-    """The clauses of docs/contracts/sharded.md a scenario exercises."""
-    c = {"S1", "S2"}
-    if _padded(s):
-        c.update(("S3", "S12"))  # S12: each rank's shard is its slice, padding zero (conformance/shards.py)
-    if s.optimizer != "none":
-        c.add("S4")
-    if s.micro_batches > 1:
-        c.add("S5")
-    if s.model == "branches" or s.options.find_unused_parameters:
-        c.add("S6")
-    if s.model in BUFFER_READING_MODELS:
-        c.add("S7")
-    if "rank-uses-no-param" in s.id:
-        c.add("S8")
-    if s.options.bucket_cap_mb is not None:
-        c.add("S9")
-    if s.dtype != "float32" or s.model == "mixed-dtype":
-        c.add("S10")
-    if s.shard_sizes and len(set(s.shard_sizes)) > 1:
-        c.add("S11")
-    return tuple(sorted(c, key=lambda x: int(x[1:])))
-
-
 def scenarios() -> list[Scenario]:
     out = []
     for s in ddp.scenarios(area="sharded"):
@@ -102,7 +70,14 @@ def scenarios() -> list[Scenario]:
             # FSDP's gradient pre-/post-divide factors: the envelope is the union (conformance.envelope).
             s = s.with_(tolerance=replace(s.tolerance, divide=("pre", "post", "split")))
         out.append(s.with_(clauses=clauses_of(s)))
-    return out + fsdp_depth_scenarios() + issue30_scenarios()
+    from conformance.catalogue import (
+        sharded_clip,  # issue 25: global-norm clipping, S22
+        sharded_families,  # issue 26 part B: S15-S18
+        sharded_precision,  # issue 26 part A: S19-S20
+    )
+
+    return (out + fsdp_depth_scenarios() + issue30_scenarios() + sharded_families.scenarios()
+            + sharded_precision.scenarios() + sharded_clip.scenarios())
 
 
 # -- issue 26: the dimensions FSDP2's own tests cover --------------------------------------------

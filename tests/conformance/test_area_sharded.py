@@ -1,6 +1,8 @@
 """The sharded area: the DDP catalogue re-labelled and filtered, honest capabilities, and
 refimpl-sharded / FSDP / FSDP2 driven through the DDP runner on warm pools."""
 
+import re
+from pathlib import Path
 
 import pytest
 
@@ -19,19 +21,26 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
     assert not any(s.options.comm_hook or s.options.static_graph or s.options.gradient_as_bucket_view for s in full)
     assert not any(C.SPARSE in s.requires for s in full)
     ddp_ids = {s.id.replace("ddp/", "sharded/", 1) for s in catalogue.select(area="ddp", profile="full")}
+    from conformance.catalogue import sharded_families  # issue 26 part B: S15-S18
     from conformance.catalogue.sharded import (
         fsdp_depth_scenarios,  # issue 26's block: FSDP-only options
         issue30_scenarios,  # issue 30's block: checklist cells the DDP-derived scenarios leave empty
     )
 
     depth = {s.id for s in fsdp_depth_scenarios()} | {s.id for s in issue30_scenarios()}
+    depth |= {s.id for s in sharded_families.scenarios()}
+    import importlib
+
+    for block in ("sharded_precision", "sharded_clip"):  # issue 26 part A, issue 25: blocks of their own
+        depth |= {s.id for s in importlib.import_module(f"conformance.catalogue.{block}").scenarios()}
     assert {s.id for s in full} - depth <= ddp_ids
     assert all(s.options.units or s.options.reshard_after_forward is False or s.options.hsdp_replicas or "skew" in s.id
                for s in fsdp_depth_scenarios())
     assert all(C.BUFFER_BROADCAST in s.requires for s in full if s.model in ("buffered", "cnn-bn"))
     assert {s.world_size for s in catalogue.select(area="sharded", profile="standard")} == {1, 2, 3, 4}
     quick = catalogue.select(area="sharded", profile="quick")
-    assert 3 <= len(quick) <= 13  # issue 30: + one scenario per mutant whose bug shows at 2 ranks
+    # issue 30: + one scenario per mutant whose bug shows at 2 ranks (issue 25: + clip-grad-norm, S22)
+    assert 3 <= len(quick) <= 14
 
 
 def test_capabilities_are_declared_per_adapter():
@@ -76,7 +85,11 @@ def test_every_clause_has_a_mutant_and_a_scenario():
     from conformance.mutants.independent import sharded as independent  # issue 30: S14
 
     own = {cls.clause for cls in zoo.MUTANTS.values()}
-    assert own | {cls.clause for cls in independent.MUTANTS.values()} == clauses == {f"S{i}" for i in range(1, 15)}
+    # The clauses are the rows of the contract page; every one has standard scenarios and a mutant.
+    page = (Path(__file__).resolve().parents[2] / "docs" / "contracts" / "sharded.md").read_text()
+    documented = set(re.findall(r"^\| (S\d+) \| [^|]", page.split("## Dimension checklist")[0], flags=re.M))
+    assert clauses == documented and {f"S{i}" for i in range(1, 19)} <= documented
+    assert own | {cls.clause for cls in independent.MUTANTS.values()} >= documented
     assert _get("sharded/plain/mlp/w3/fp32").clauses.count("S3") == 1  # padded shards at w3
     assert "S12" in _get("sharded/plain/mlp/w3/fp32").clauses  # and their local shards (conformance/shards.py)
     assert "S3" not in _get("sharded/plain/mlp/w2/fp32").clauses
@@ -89,6 +102,13 @@ CAUGHT = {
     "batch-weighted": ("sharded/uneven/mlp/w2/fp32", "rank 0"),
     "padding-not-zero": ("sharded/plain/mlp/w3/fp32", "local grad shard is not its slice"),
     "stale-regather": ("sharded/nested-reshard/mlp/w2/fp32", "step 1"),
+    # issue 25: a shard clipped by its own norm (pytorch/pytorch#170862), outside the derived clip bound (S22)
+    "clip-local-norm": ("sharded/clip-grad-norm/mlp/w2/fp32", "after optimizer step 0"),
+    # issue 26 part A: the mixed-precision policy (S19) and reshard_after_forward=k (S20)
+    "reduce-in-param-dtype": ("sharded/mp-bf16-reduce-fp32/mlp/w2/fp32", "layers.0.weight"),
+    "grad-through-param-dtype": ("sharded/mp-bf16-reduce-fp32/mlp/w2/fp32", "layers.0.weight"),
+    "no-cast-back": ("sharded/mp-bf16-reduce-bf16/mlp/w2/fp32", "layers.0.weight"),
+    "regather-wrong-rows": ("sharded/nested-reshard-to-2/mlp/w4/fp32", "outside the envelope"),
 }
 
 
@@ -105,8 +125,12 @@ def test_broken_engines_are_caught_where_they_fire(session, name):
 
 @pytest.mark.slow
 def test_the_zoo_base_passes_through_the_same_path(session):
-    for scenario_id in {s for s, _ in CAUGHT.values()}:
-        result = run_case(Case(_get(scenario_id), "conformance.mutants.sharded:correct"), session)
+    from conformance.mutants import sharded as zoo
+
+    # each mutant's own control: ZeRO-2's `correct`, or `correct3` for the ZeRO-3 mutants
+    bases = {(s, getattr(zoo.MUTANTS[name], "base", "conformance.mutants.sharded:correct")) for name, (s, _) in CAUGHT.items()}
+    for scenario_id, base in sorted(bases):
+        result = run_case(Case(_get(scenario_id), base), session)
         assert result.verdict == "passed" and result.checked.comparisons > 5, result.message
         assert all(s["mutation_fired"] == 0 for s in result.details["backward_stats"].values())
 
