@@ -73,7 +73,7 @@ def instrument() -> None:
     _wrap(engine, "_collect_leaves", "walk")
     _wrap(engine, "_autograd_run", "autograd")
     _wrap(engine, "_own_buffers", "accumulate")
-    _wrap(DistAutogradContext, "accumulate", "accumulate")
+    _wrap(DistAutogradContext, "accumulate_all", "accumulate")
     _wrap(engine, "_run_local", "local run (all above + hooks)")
     _wrap(engine, "_send_on", "send on")
     _wrap(lifetime, "end_pass_on", "end-pass")

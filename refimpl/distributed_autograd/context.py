@@ -120,8 +120,10 @@ class DistAutogradContext:
     def accumulate_all(self, grads: dict[torch.Tensor, torch.Tensor]) -> None:
         """:meth:`accumulate` every (leaf, gradient) of one local run, under one lock."""
         with self.lock:
+            acc = self.grads
             for tensor, grad in grads.items():
-                self.accumulate(tensor, grad)
+                previous = acc.get(tensor)
+                acc[tensor] = grad if previous is None else previous + grad
 
     def release_graph(self) -> None:
         """Drop the references this context keeps into the autograd graph."""

@@ -129,19 +129,20 @@ def _own_buffers(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, 
     a shared one, every gradient whose storage another leaf's gradient also uses is copied;
     an unshared one is kept without a copy.
     """
+    keys: list = []
     shared: set = set()
     if len(grads) > 1:
         seen: set = set()
-        for grad in grads.values():
-            key = _storage_key(grad)
+        keys = [_storage_key(grad) for grad in grads.values()]
+        for key in keys:
             (shared if key in seen else seen).add(key)
     out = {}
-    for leaf, grad in grads.items():
+    for i, (leaf, grad) in enumerate(grads.items()):
         if grad.requires_grad:
             grad = grad.detach()
         if grad.layout == torch.strided and not grad.is_contiguous():
             grad = grad.contiguous()
-        elif shared and _storage_key(grad) in shared:
+        elif shared and keys[i] in shared:
             grad = grad.clone()
         out[leaf] = grad
     return out
@@ -213,7 +214,9 @@ def _run_local(
 
 
 # messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----
-def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool, share, path):
+def _send_on(
+    ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool, share, path, cont=None
+):
     """Send a local run's gradients to their origin workers, splitting ``share`` of the credit
     between the messages; a run that sends nothing hands its credit back to the root.
 
@@ -235,7 +238,8 @@ def _send_on(ctx, me: int, root: int, pass_id: int, outbound, retain_graph: bool
         else:
             answered = functools.partial(_delivered, me, root, pass_id, part, path, dst)
         try:
-            messaging.send(dst, _receive_gradients, args, answered, [grad for _, grad in items])
+            tensors = [grad for _, grad in items]
+            messaging.send(dst, _receive_gradients, args, answered, tensors, cont)
         except Exception as exc:
             _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
 
@@ -321,7 +325,7 @@ def _receive_gradients(
     cont.pass_finished(context_id)
     if error is not None or not outbound:
         return _end_of_branch(me, root, sender, pass_id, share, path, error)
-    _send_on(ctx, me, root, pass_id, outbound, retain_graph, share, path)
+    _send_on(ctx, me, root, pass_id, outbound, retain_graph, share, path, cont)
     return None
 
 
@@ -421,14 +425,15 @@ def _backward(context_id: int, roots: Sequence[torch.Tensor], retain_graph: bool
         except Exception as exc:
             tracker.returned(credit_mod.FULL, (), (me, f"{exc}"))
         else:
-            _send_on(ctx, me, me, pass_id, outbound, retain_graph, credit_mod.FULL, frozenset({me}))
+            path = frozenset({me})
+            _send_on(ctx, me, me, pass_id, outbound, retain_graph, credit_mod.FULL, path, cont)
         while (batch := tracker.next_work()) is not None:
             with ctx.receive_lock:
                 share, path, outbound, error = _run_messages(ctx, me, batch)
             if error is not None or not outbound:
                 tracker.returned(share, path, error)
             else:
-                _send_on(ctx, me, me, pass_id, outbound, retain_graph, share, path)
+                _send_on(ctx, me, me, pass_id, outbound, retain_graph, share, path, cont)
         if not retain_graph:
             lifetime.end_pass_on(ctx, tracker.reached, me)
     finally:

@@ -26,11 +26,13 @@ from .context import container
 from .frames import carries
 
 
-def send(dst: int, fn, args: tuple, on_done, tensors=()) -> None:
+def send(dst: int, fn, args: tuple, on_done, tensors=(), cont=None) -> None:
     """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, error)`` follows on another thread
     (``on_done=None``: no answer, see [Note: answers nobody needs]). Raises if the message
-    cannot be sent at all (the worker is unknown or unreachable now)."""
-    channel = container().channel
+    cannot be sent at all (the worker is unknown or unreachable now). ``cont``: the context
+    container when the caller has it (looking it up checks the RPC agent: microseconds a
+    message)."""
+    channel = (cont if cont is not None else container()).channel
     if channel is not None and carries(tensors) and channel.call(dst, fn, args, on_done):
         return
     # No channel, a tensor it does not carry, or no connection to dst yet (channel.py

@@ -40,7 +40,7 @@ def test_only_messages_someone_waits_for_ask_for_an_answer(monkeypatch):
     context = importlib.import_module("refimpl.distributed_autograd.context")
     sent = []
 
-    def send(dst, fn, args, on_done, tensors=()):
+    def send(dst, fn, args, on_done, tensors=(), cont=None):
         sent.append((dst, fn.__name__, on_done is None, args[-2] if len(args) == 8 else None))
 
     monkeypatch.setattr(engine.messaging, "send", send)
