@@ -139,6 +139,8 @@ def accumulate(value, old: Tensor | None):
     if isinstance(value, Tensor):
         return old + value
     shifted = replace(value, reference=old + value.reference)
+    if value.magnitude is not None:  # the sum now has one more term: the earlier gradient
+        shifted.magnitude = value.magnitude + old.double().abs()
     if value.candidates is not None:
         shifted.candidates = value.candidates + old
     if value.center is not None:
