@@ -135,7 +135,7 @@ def scenarios() -> list[Scenario]:
         make("mixed-dtype", "mixed-dtype", w=2, profiles=FULL),
         make("fp64", "mlp", w=3, dtype="float64", profiles=STANDARD),
         make("sgd", "mlp", w=2, optimizer="sgd", steps=3, exact_data=True, profiles=STANDARD,
-             description="SGD steps between data_parallel calls (tolerance: weights leave the integers)"),
+             description="SGD steps between data_parallel calls (weights leave the integers: re-anchored steps bitwise, a band straight through)"),
         make("adam", "mlp", w=2, optimizer="adam", steps=3, exact_data=True, profiles=FULL),
     ]
     out += [
