@@ -21,6 +21,9 @@ Alongside, on the same workers and in the same run:
 - ``4 hops on the channel`` / ``channel floor``: the same four messages on refimpl's gradient
   channel (refimpl/distributed_autograd/channel.py), which refimpl's backward uses: the floor of
   this engine as built.
+- ``cpu / backward``: CPU seconds (all threads) the three workers spend on one backward, for
+  each engine. Unlike the wall times, this figure holds on a loaded machine (waiting for a core
+  is not counted), so it compares the engines' work where the latency ratios are noise.
 
 Stages: ``walk`` (finding the leaves and recv nodes), ``autograd`` (torch.autograd.backward of
 the local part, hooks included), ``accumulate`` (own buffers + sum into the context),
@@ -73,7 +76,10 @@ def instrument() -> None:
     _wrap(engine, "_collect_leaves", "walk")
     _wrap(engine, "_autograd_run", "autograd")
     _wrap(engine, "_own_buffers", "accumulate")
-    _wrap(DistAutogradContext, "accumulate_all", "accumulate")
+    if hasattr(DistAutogradContext, "accumulate_all"):
+        _wrap(DistAutogradContext, "accumulate_all", "accumulate")
+    else:  # an older refimpl on PYTHONPATH (before/after tables)
+        _wrap(DistAutogradContext, "accumulate", "accumulate")
     _wrap(engine, "_run_local", "local run (all above + hooks)")
     _wrap(engine, "_send_on", "send on")
     _wrap(lifetime, "end_pass_on", "end-pass")
@@ -85,6 +91,34 @@ def reset() -> None:
 
 def collect() -> dict[str, tuple[float, int]]:
     return {k: (sum(v), len(v)) for k, v in TIMES.items()}
+
+
+def cpu_seconds() -> float:
+    """This worker's CPU time, all its threads."""
+    return time.process_time()
+
+
+def _cpu_snapshot() -> list[float]:
+    from torch.distributed import rpc
+
+    futs = [rpc.rpc_async(f"worker{r}", cpu_seconds) for r in (1, 2)]
+    return [time.process_time()] + [f.wait() for f in futs]
+
+
+def _cpu_of_backward(mode: str, x) -> list[float] | None:
+    """CPU seconds each worker spends on one chain backward (``mode`` None: nothing between
+    the snapshots, the cost of taking them). Load-robust where wall time is not: time spent
+    waiting for a core is not counted."""
+    context, backward, call = lat._engine(mode or "torch")
+    with context() as cid:
+        loss = call("worker1", lat.chain_hop, args=(mode or "torch", lat._layer(x))).sum()
+        time.sleep(0.003)  # let the forward's trailing work finish
+        before = _cpu_snapshot()
+        if mode is not None:
+            backward(cid, [loss])
+        time.sleep(0.003)  # and the backward's (answers, callbacks)
+        after = _cpu_snapshot()
+    return [b - a for a, b in zip(before, after, strict=True)]
 
 
 def noop_leaf() -> int:
@@ -158,12 +192,16 @@ def _driver(repeats: int) -> None:
 
     for r in range(3):
         rpc.rpc_sync(f"worker{r}", lat._setup, args=(256, r))
-        rpc.rpc_sync(f"worker{r}", instrument)
     x = torch.randn(32, 256, requires_grad=True)
     for _ in range(20):
         lat._chain_once("refimpl", x)
         lat._chain_once("torch", x)
+    cpu: dict = {"refimpl": [], "torch": [], None: []}
+    for _ in range(repeats):  # before the stage timers go in: they cost CPU too
+        for mode in cpu:
+            cpu[mode].append(_cpu_of_backward(mode, x))
     for r in range(3):
+        rpc.rpc_sync(f"worker{r}", instrument)
         rpc.rpc_sync(f"worker{r}", reset)
     whole, torch_whole, floor, hops, compute, chops = [], [], [], [], [], []
     grad = torch.randn(32, 256)
@@ -203,6 +241,18 @@ def _driver(repeats: int) -> None:
         f"channel floor             {chan_ms + compute_ms:8.3f} ms  "
         f"= {(chan_ms + compute_ms) / torch_ms:.2f}x torch's backward"
     )
+    base = [statistics.mean(c[w] for c in cpu[None]) for w in range(3)]
+    per = {
+        mode: [statistics.mean(c[w] for c in cpu[mode]) - base[w] for w in range(3)]
+        for mode in ("refimpl", "torch")
+    }
+    for mode, workers in per.items():
+        print(
+            f"{mode + ' cpu / backward':<26}{sum(workers) * ms:8.3f} ms  (workers 0, 1, 2: "
+            + ", ".join(f"{w * ms:.3f}" for w in workers)
+            + ")"
+        )
+    print(f"cpu ratio refimpl / torch  {sum(per['refimpl']) / sum(per['torch']):8.2f}x")
     print(f"{'stage (all workers)':<22}{'ms / backward':>14}{'calls / backward':>18}")
     for stage, (total, calls) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
         print(f"{stage:<22}{total / repeats * ms:>14.3f}{calls / repeats:>18.1f}")
