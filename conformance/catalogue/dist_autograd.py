@@ -45,7 +45,7 @@ def scenarios() -> list[Scenario]:
         make("round-trip", 2, description="A -> B -> A, a parameter on A used by the return trip"),
         make("multi-roots", 3, STANDARD, description="four roots in one backward"),
         make("unused-leaf", 2, STANDARD, description="a leaf requiring grad used nowhere: absent"),
-        make("unused-arg", 2, STANDARD, timeout_s=15.0,
+        make("unused-arg", 2, timeout_s=15.0,
              description="a sent tensor the callee ignores: absent, and the pass completes"),
         make("unused-result", 2, FULL, timeout_s=15.0,
              description="a remote result the loss never uses (a send function with no gradient)"),
@@ -75,7 +75,7 @@ KIND_CLAUSES = {
     # issue 30's
     "local-only": ("A3",), "rref-twice": ("A12",), "async-single": ("A10",), "retain-graph-simple": ("A5",),
     "roots-twice": ("A6",), "async-structures": ("A9", "A10"), "sparse-twice": ("A2", "A13"),
-    "accumulate-hooks-retained": ("A5", "A17"),
+    "accumulate-hooks-retained": ("A5", "A17"), "tensor-free-single": ("A15",),
 }
 CLAUSE_SCENARIOS = [
     make("async", 3, STANDARD, seed=2, description="two rpc_async calls in flight at once (A10 in standard)")
@@ -97,12 +97,12 @@ def issue16_scenarios() -> list[Scenario]:
              "the gradient back (never a silent detached copy)"),
         make("sparse", 2, description="a sparse leaf and a sparse result cross the RPC; sparse "
              "gradients stay sparse"),
-        make("torchscript", 2, STANDARD, description="a TorchScript function as the RPC target"),
+        make("torchscript", 2, description="a TorchScript function as the RPC target"),
         make("tensor-free", 3, STANDARD, description="a worker reached only by an RPC without "
              "tensors requiring grad: its context is released too"),
         make("shared-grad", 2, STANDARD, description="one backward returns one tensor for two "
              "leaves: each leaf gets a gradient buffer of its own"),
-        make("accumulate-hooks", 2, STANDARD, description="a post hook on a leaf's AccumulateGrad "
+        make("accumulate-hooks", 2, description="a post hook on a leaf's AccumulateGrad "
              "node runs once per pass"),
     ]
 
@@ -111,8 +111,9 @@ def issue16_scenarios() -> list[Scenario]:
 # written after measuring the catalogue against the independent zoo
 # (conformance.mutants.independent.dist_autograd): how often (zero RPCs in a context, a second
 # fetch of one RRef, retained passes at two workers), when (an asynchronous reply at two workers).
-# Each bug shows with two workers, so all are quick (and `structures` moved to quick for the
-# inputs cell).
+# Each bug shows with two workers, so all are quick; so are `structures`, `unused-arg`,
+# `torchscript`, `accumulate-hooks` and the two-worker `roots-twice` and `tensor-free-single`:
+# quick catches every mutant of both zoos whose bug shows with two workers.
 def issue30_scenarios() -> list[Scenario]:
     return [
         make("local-only", 2, description="a context in which nothing crosses an RPC: gradients in the context, "
@@ -123,7 +124,10 @@ def issue30_scenarios() -> list[Scenario]:
         make("retain-graph-simple", 2, description="2 passes with retain_graph then one without, across one "
              "RPC: 3x"),
         # standard: the inputs and how-often cells of A6, A10, A13 and A17
-        make("roots-twice", 2, STANDARD, description="the same root twice in one backward: twice its gradient"),
+        make("roots-twice", 2, description="the same root twice in one backward: twice its gradient (quick: A6 at "
+             "two workers)"),
+        make("tensor-free-single", 2, description="the only callee is reached by an RPC without tensors requiring "
+             "grad: its context is released too (quick: A15 at two workers)"),
         make("async-structures", 2, STANDARD, description="nested arguments and results through rpc_async"),
         make("sparse-twice", 2, STANDARD, description="a sparse leaf sent in two calls: both contributions, "
              "still sparse"),

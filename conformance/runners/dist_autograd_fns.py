@@ -358,7 +358,14 @@ def sparse_twice(mode, seed, L):
     return [(y1 * L["x"]).sum() + (y2 * L["x"]).sum()]
 
 
+def tensor_free_single(mode, seed, L):
+    """The only callee is reached by an RPC without tensors requiring grad (A15 at two workers)."""
+    n = call(mode, "worker1", torch.ones, (SHAPE,))
+    return [(L["x"] * L["w"] * n).sum()]
+
+
 COMPOSITIONS.update({
+    "tensor-free-single": tensor_free_single,
     "local-only": local_only, "rref-twice": rref_twice, "async-single": async_single,
     "retain-graph-simple": simple, "roots-twice": roots_twice, "async-structures": async_structures,
     "sparse-twice": sparse_twice, "accumulate-hooks-retained": accumulate_hooks,
