@@ -186,7 +186,7 @@ class WrapOptions:
     reshard_after_forward: bool | int | None = None  # an int: FSDP2's group size to reshard to
     hsdp_replicas: int | None = None  # HSDP: the replicate dimension of a (replicas, W // replicas) mesh
     # FSDP2's shard_placement_fn: "dim1-if-even" shards a 2-D parameter on dim 1 where the world
-    # size divides that dim, else the default dim 0 (conformance.shards.requested_placement)
+    # size divides that dim, else the default dim 0 (conformance.shards.placement_dim)
     shard_placement: str | None = None
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (pin_memory only on CUDA), FSDP1 CPUOffload
     # sharded engines' mixed-precision policy (FSDP2 MixedPrecisionPolicy, FSDP1 MixedPrecision,
