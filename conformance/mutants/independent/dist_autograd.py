@@ -238,7 +238,13 @@ class AccumulateDefaultDtype(Correct):
         with super().context() as context_id:
             ctx = _da()._retrieve_context(context_id)
             ctx.accumulate = functools.partial(self._accumulate, ctx)  # this context only
+            ctx.accumulate_all = functools.partial(self._accumulate_all, ctx)  # the engine's one-lock form
             yield context_id
+
+    def _accumulate_all(self, ctx, grads):
+        with ctx.lock:
+            for tensor, grad in grads.items():
+                self._accumulate(ctx, tensor, grad)
 
     def _accumulate(self, ctx, tensor, grad):
         previous = ctx.grads.get(tensor)
