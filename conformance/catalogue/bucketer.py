@@ -185,8 +185,9 @@ ISSUE30_PLANS = {"idle-bucket": _plan_idle_bucket, "exact-fit": _plan_exact_fit}
 
 def end_of_life_call(scenario: Scenario) -> Call:
     """The input queued after the last flush when `teardown_queued` is set: `teardown()` must run its
-    callback or refuse loudly (raise), never drop it (issue 30, end of life)."""
-    return Call((3,), scenario.dtype)
+    callback or refuse loudly (raise), never drop it (issue 30, end of life). `teardown_shape` (a
+    scenario keyword) gives its chunks' shape: `(0,)` queues an empty input."""
+    return Call(tuple(scenario.kwargs().get("teardown_shape", (3,))), scenario.dtype)
 
 
 def chunk(scenario: Scenario, *, round_: int, rank: int, index: int, dest: int, call: Call,
@@ -318,4 +319,7 @@ def issue30_scenarios() -> list[Scenario]:
              steps=2, profiles=STANDARD, clauses=(GROUPS, FORMS)),
         make("only-empty", "only-empty", w=2, clauses=(EMPTY,),
              description="only zero-element inputs, default cap (quick): callbacks still run exactly once"),
+        make("teardown-empty", "idle-bucket", w=2, cap=TINY, dtypes=("float32", "float64"), steps=2,
+             teardown_queued=True, teardown_shape=(0,), profiles=STANDARD, clauses=(LIFECYCLE, EMPTY),
+             description="an empty input is the one left at teardown(): its callback runs once, or teardown raises"),
     ]
