@@ -80,6 +80,14 @@ def _cpu(t: Tensor | None, like: Tensor | None = None) -> Tensor | None:
     return t
 
 
+def driven_micro_batches(scenario) -> int:
+    """The micro-batches per step the runner will drive: the production-feature loop
+    (runners/ddp_features.py) runs one per step whatever the scenario says, the plain loop its count.
+    The engine is configured from what is driven (OptimizerSpec.micro_batches), so the choice of
+    loop must be made from it too."""
+    return 1 if scenario.features else scenario.micro_batches
+
+
 def engine_loop(stage: int, dtype: str, micro_batches: int) -> bool:
     """Whether DeepSpeed's own loop (engine.backward / engine.step) runs this configuration: half
     precision (its loss scaling lives in engine.backward), or accumulation on a stage without no_sync."""
@@ -222,7 +230,7 @@ class DeepSpeedAdapter:
                                        C.HALF_PRECISION})
 
     def owns_for(self, scenario) -> frozenset[str]:
-        if engine_loop(self.stage, scenario.dtype, scenario.micro_batches):
+        if engine_loop(self.stage, scenario.dtype, driven_micro_batches(scenario)):
             return frozenset({"optimizer", "backward"})
         return self.owns
 
@@ -232,9 +240,9 @@ class DeepSpeedAdapter:
             rule = deepspeed_clip.ZERO3 if self.stage == 3 else deepspeed_clip.ZERO12
             sem["clipping"] = rule
             sources.append(rule.source)
-        if not engine_loop(self.stage, scenario.dtype, scenario.micro_batches):
+        if not engine_loop(self.stage, scenario.dtype, driven_micro_batches(scenario)):
             return Semantics(**sem, sources=tuple(sources))
-        if scenario.micro_batches > 1:
+        if driven_micro_batches(scenario) > 1:
             sem["accumulation"] = Accumulation.MEAN
             sources.append(MEAN_SOURCE)
             if self.stage in (2, 3):
@@ -256,7 +264,7 @@ class DeepSpeedAdapter:
         if clipped(scenario) and not deepspeed_clip.exact_for(scenario.world_size):
             return (f"gradient_clipping at {scenario.world_size} ranks: the ranks' partial norms are all-reduced in "
                     "an order gloo picks; the replay of DeepSpeed's clipping is bitwise for 1-2 ranks only")
-        if engine_loop(self.stage, scenario.dtype, scenario.micro_batches):
+        if engine_loop(self.stage, scenario.dtype, driven_micro_batches(scenario)):
             why = engine_loop_limits(scenario)
             if why:
                 return why
@@ -304,7 +312,7 @@ def engine_loop_limits(scenario) -> str | None:
         return ("DeepSpeed's own loop has no no_sync(): every engine.backward is a micro-step its counter carries to "
                 "the boundary, so a backward cannot be thrown away or split across no_sync() (ZeRO-2/3 refuse no_sync: "
                 "'incompatible with gradient partitioning')")
-    mb = scenario.micro_batches
+    mb = driven_micro_batches(scenario)
     if scenario.dtype == "float16" and mb > 1:
         return ("fp16 with gradient accumulation: DeepSpeed scales loss/gradient_accumulation_steps, whose overflow "
                 "differs from the oracle's per-gradient division; not modelled")
