@@ -14,7 +14,6 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.multiprocessing.spawn import ProcessExitedException
 
 from refimpl.sharded import ShardedDataParallel
 from refimpl.sharded.zero3 import FullyShardedDataParallel, MixedPrecisionPolicy
@@ -180,24 +179,15 @@ def _reshard_to_group(rank, world_size):
 # One world per test, all on one xdist worker: a failing world is named by its own test (a
 # module-wide fixture attributed any world's crash to whichever test set it up first).
 _one_worker = pytest.mark.xdist_group("refimpl-zero3-worlds")
-# KNOWN DEFECT, open: about one run in ten under pytest-xdist, a rank of one of these worlds
-# dies with SIGABRT ("terminate called without an active exception"; seen in the ZeRO-2 match
-# world and the clip/state-dict world, never reproduced outside pytest in 30 runs). Only that
-# crash is tolerated, and it is reported as xfailed, never passed: a wrong value still fails.
-_known_abort = pytest.mark.xfail(
-    raises=ProcessExitedException, strict=False,
-    reason="known open defect: intermittent SIGABRT in a ZeRO-2/ZeRO-3 rank (see CHANGELOG, Known issues)")
 
 
 @_one_worker
-@_known_abort
 def test_bitwise_equal_to_zero2_under_units_resharding_and_call_patterns():
     for rank, failures in enumerate(run_world(_matches_zero2, 2, timeout=180)):
         assert failures == [], f"rank {rank}: {failures}"
 
 
 @_one_worker
-@_known_abort
 def test_mixed_precision_reduces_bf16_gradients_in_fp32():
     for dtypes, worst, param_dtypes in run_world(_mixed_precision, 2, timeout=120):
         assert set(dtypes.values()) == {torch.float32}  # the shard's dtype, not the compute dtype
@@ -207,7 +197,6 @@ def test_mixed_precision_reduces_bf16_gradients_in_fp32():
 
 
 @_one_worker
-@_known_abort
 def test_global_norm_clipping_and_state_dict_round_trips():
     for out in run_world(_state_dicts_and_clip, 2, timeout=120):
         got, want = out["norm"]
@@ -218,7 +207,6 @@ def test_global_norm_clipping_and_state_dict_round_trips():
 
 
 @_one_worker
-@_known_abort
 def test_each_unit_is_reduced_and_freed_as_its_backward_ends():
     for seen in run_world(_per_unit_reduction, 2, timeout=120):
         # Blocks 1-3 (inputs that need a gradient) were reduce-scattered and freed before block 0's
@@ -228,7 +216,6 @@ def test_each_unit_is_reduced_and_freed_as_its_backward_ends():
 
 
 @_one_worker
-@_known_abort
 def test_reshard_after_forward_int_keeps_a_group_share_and_gathers_within_the_group():
     for out in run_world(_reshard_to_group, 4, timeout=240):
         assert out["failures"] == [], out["failures"]  # bitwise what True gives, at 4 ranks
