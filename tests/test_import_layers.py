@@ -15,6 +15,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models, features, comparison, failures", ("conformance.models", "conformance.features", "conformance.compare",
                                                 "conformance.envelope", "conformance.anchor", "conformance.shards",
                                                 "conformance.clip_bound", "conformance.replica_oracle",
+                                                "conformance.accumulation", "conformance.deepspeed_clip",
+                                                "conformance.loss_scaler",
                                                 "conformance.failure",
                                                 "conformance.baseline_events")),
     ("catalogue", ("conformance.catalogue",)),
