@@ -4,7 +4,7 @@ where state lives or how it travels, never a value, so the oracle is the plain d
 * S15 two forwards before one backward (``loss = f(x) + f(x')``, the ``two_forwards`` loop
   switch of `conformance.models.data`): a unit resharded after the first forward is gathered
   again for the second, and again for backward; each parameter's gradient sums both uses.
-* S16 a state-dict round trip after 2 of 4 steps: ``sharded`` (each rank's DTensors through
+* S16 a state-dict round trip after 2 of 5 steps: ``sharded`` (each rank's DTensors through
   ``torch.distributed.checkpoint``) or ``full``; a rebuilt engine (another seed) loads model
   and optimizer state and trains on, bitwise what straight-through training gives
   (`conformance.runners.sharded_checkpoint`). SGD with momentum and Adam: a load that loses
@@ -54,10 +54,12 @@ def scenarios() -> list[Scenario]:
 
     def ckpt(kind, model="mlp", w=2, optimizer="sgd", options=WrapOptions(), profiles=STANDARD):  # noqa: B008
         name = f"state-dict-{kind}" + ("-nested" if options.units else "") + ("-adam" if optimizer == "adam" else "")
-        return m(name, model, "S16", w=w, steps=4, optimizer=optimizer, options=options,
+        # Five steps, as every feature family has (tests/conformance/test_features.py): 2 before the
+        # save, 3 after the load.
+        return m(name, model, "S16", w=w, steps=5, optimizer=optimizer, options=options,
                  features=_features(save_load_at=2, state_dict=kind), need=(C.STATE_DICT,), profiles=profiles,
                  description=f"train 2 steps, save a {kind} state dict (model + optimizer), rebuild the engine "
-                             "from another seed, load, train 2 more: equal to 4 steps straight through")
+                             "from another seed, load, train 3 more: equal to 5 steps straight through")
 
     return [
         # S15: two forwards before one backward
