@@ -35,6 +35,7 @@ from conformance.adapters.engines.deepspeed import (
     FP16_SCALER,
     INSTALL,
     UNSUPPORTED,
+    EngineStep,
     _cpu,
     clipped,
     engine_loop_limits,
@@ -62,27 +63,11 @@ BF16_SOURCE = ("DeepSpeed config 'bf16': {'enabled': true} without ZeRO: engine.
                "for bf16)")
 
 
-class _EngineStep:
-    """What the runner steps and zeroes: DeepSpeed's `engine.step()` (it zeroes the gradients itself)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def step(self) -> None:
-        self.engine.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """engine.step() already cleared the gradients at the boundary."""
-
-    def state_dict(self):
-        return self.engine.optimizer.state_dict()
-
-
 class DeepSpeedStage0Wrapped:
     def __init__(self, engine):
         self.engine = engine
         self.module = engine.module
-        self.optimizer = _EngineStep(engine)
+        self.optimizer = EngineStep(engine)
 
     def __call__(self, *inputs, **kwargs):
         return self.engine(*inputs, **kwargs)
