@@ -282,9 +282,16 @@ def run(payload, ctx) -> dict:
     adapter = registry.load(adapter_spec)
     first = train(scenario, feats, adapter, ctx)
     if feats.repeat > 1:
-        diffs = [_first_difference(first, train(scenario, feats, adapter, ctx)) for _ in range(feats.repeat - 1)]
+        again = [train(scenario, feats, adapter, ctx) for _ in range(feats.repeat - 1)]
+        diffs = [_first_difference(first, other) for other in again]
         first["determinism"] = {"runs": feats.repeat, "identical": not any(diffs),
                                 "first_difference": next((d for d in diffs if d), None)}
+        # A mutant's bug may take effect in any of the runs (a determinism bug shows as the runs
+        # differing), so the case's fired count is every run's, not the first run's alone.
+        stats = first.get("backward_stats")
+        if isinstance(stats, dict):
+            stats["mutation_fired"] = stats.get("mutation_fired", 0) + sum(
+                (o.get("backward_stats") or {}).get("mutation_fired", 0) for o in again)
     return first
 
 
