@@ -66,9 +66,17 @@ def test_reduced_each_micro_batch_is_that_order_not_the_local_one():
     assert not torch.equal(got, (a1 + a2) / 2 + (b1 + b2) / 2)
 
 
+def _planned(name: str):
+    """The adapter as planning sees it with DeepSpeed installed: these tests judge the plan's
+    reasons, not this machine's install (CI's test env has no DeepSpeed)."""
+    adapter = registry.load(name)
+    adapter._why = None
+    return adapter
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_stages_use_deepspeeds_own_loop_only_where_its_semantics_need_it(stage):
-    adapter = registry.load(f"deepspeed-zero{stage}")
+    adapter = _planned(f"deepspeed-zero{stage}")
     plain = ddp.make("plain", "mlp")
     assert owned(adapter, plain) == {"optimizer"}  # the user's plain loop, where FairScale#354-like bugs show
     bf16 = plain.with_(dtype="bfloat16")
@@ -90,6 +98,6 @@ def test_clipping_is_declared_for_the_replayed_stages_and_refused_beyond_two_ran
     assert zero0.semantics_for(clip).clipping is deepspeed_clip.STAGE0
     assert zero0.semantics_for(clip.with_(dtype="float16", features=())).loss_scaler is not None  # then a strict xfail
     for stage, rule in ((1, deepspeed_clip.ZERO12), (2, deepspeed_clip.ZERO12), (3, deepspeed_clip.ZERO3)):
-        adapter = registry.load(f"deepspeed-zero{stage}")
+        adapter = _planned(f"deepspeed-zero{stage}")
         assert adapter.semantics_for(clip).clipping is rule
         assert "1-2 ranks" in adapter.unavailable(clip.with_(world_size=3))
