@@ -13,6 +13,7 @@ from torch import nn
 
 from conformance.mutants.independent import ddp as zoo
 from conformance.spec import WrapOptions
+from tests.conformance.independent_results import same as _same
 from tests.refimpl._refimpl_world import run_world
 
 pytestmark = pytest.mark.slow
@@ -142,14 +143,6 @@ def _probes(adapter, rank, only=None):
 
 def _rank_main(rank, world_size, names, only):
     return {n: _probes(zoo.correct() if n == "correct" else zoo.MUTANTS[n](), rank, only) for n in names}
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    return a == b
 
 
 def test_correct_by_hand():

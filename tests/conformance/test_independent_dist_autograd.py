@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conformance.mutants.independent import dist_autograd as zoo
+from tests.conformance.independent_results import same as _same
 from tests.refimpl.distributed_autograd.dist_autograd_world import RpcWorld
 
 pytestmark = pytest.mark.slow
@@ -149,14 +150,6 @@ def _probe_all(name: str) -> dict:
         except Exception as exc:  # noqa: BLE001 - a raise is a behaviour to compare
             out[probe] = f"raised {type(exc).__name__}"
     return out
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    return a == b
 
 
 def _check_correct_by_hand(world_size):
