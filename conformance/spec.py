@@ -51,6 +51,9 @@ class Capability(str, enum.Enum):
     # issue #26 part A: reshard_after_forward as an int (FSDP2: reshard to groups of that many
     # ranks after forward, all-gather within the group before backward)
     RESHARD_INT = "reshard_after_forward_int"
+    # HSDP's reduce-scatter-only accumulation (FSDP2 set_requires_all_reduce(False)): micro-batches
+    # reduce-scattered within the shard group, all-reduced across replicas only at the last
+    HSDP_RS_ACCUMULATION = "hsdp_reduce_scatter_accumulation"
 
     def __str__(self) -> str:  # shows up in skip reasons
         return self.value
@@ -185,6 +188,10 @@ class WrapOptions:
     units: str | None = None
     reshard_after_forward: bool | int | None = None  # an int: FSDP2's group size to reshard to
     hsdp_replicas: int | None = None  # HSDP: the replicate dimension of a (replicas, W // replicas) mesh
+    # HSDP only: inside no_sync() each micro-batch is reduce-scattered within the shard group and
+    # accumulated there; the synced backward all-reduces the sum across replicas (FSDP2
+    # set_requires_all_reduce(False); the oracle's tree: conformance.envelope.staged_reduce)
+    accumulate_reduce_scattered: bool = False
     # FSDP2's shard_placement_fn: "dim1-if-even" shards a 2-D parameter on dim 1 where the world
     # size divides that dim, else the default dim 0 (conformance.shards.placement_dim)
     shard_placement: str | None = None
