@@ -49,7 +49,8 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     `anchor` (`conformance.anchor`), straight through without. Cross-rank sums are envelopes
     under the rule `conformance.baseline.rule_of` gives (`conformance.envelope`).
 
-    Modelled: unused parameters as zeros, construction sync at the first forward, buffers
+    Modelled: unused parameters as zeros, construction sync at the first forward or at the first
+    optimizer step (step 0 forwards each rank's own parameters, only rank 0 participates), buffers
     broadcast after backward, a lossy bound (judged by the contract), micro-batch accumulation
     (one micro-batch per step here: nothing to model). Buffers never synchronized are refused
     at plan time (`conformance.feature_support`) and here.
@@ -73,11 +74,16 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
     buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
     baseline = Baseline(scenario, state(), buffers(), [])
-    if semantics.construction_sync == ConstructionSync.FIRST_FORWARD:  # each rank holds its own until then
+    lazy = semantics.construction_sync == ConstructionSync.FIRST_FORWARD
+    first_step = semantics.construction_sync == ConstructionSync.FIRST_STEP
+    own_params = None
+    if lazy or first_step:  # each rank holds its own until then
         own = [build_model(scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=r,
                            dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data) for r in range(W)]
-        baseline.init_params_ranks = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in own]
-        baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
+        own_params = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in own]
+        baseline.init_params_ranks = own_params
+        if lazy:
+            baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
 
     rule = rule_of(scenario, semantics)
     # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
@@ -100,8 +106,11 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
         start_buffers = buffers()
         rank0_buffers, after_forward = start_buffers, {}
         local: dict[str, list] = {n: [] for n, _ in named}  # every active rank's own gradient
+        healing = first_step and step == 0  # declared: step 0 runs on each rank's own parameters
         for rank in active:
             load_buffers(model, start_buffers)
+            if healing:
+                load_params(model, own_params[rank])
             x = inputs(scenario, feats, rank=rank, step=step, micro=0, device=scenario.device)
             with autocast(feats, scenario.device):
                 loss = loss_fn(model(x, rank=rank, micro=0))
@@ -114,7 +123,10 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
         load_buffers(model, rank0_buffers)
-        if comm is not None:
+        if healing:  # the primary's (rank 0's) state everywhere at the first optimizer step; only it participates
+            load_params(model, own_params[0])
+            total = {n: reduce(local[n][:1], 1, rule) for n, _ in named}
+        elif comm is not None:
             total = comm.reduce([{n: local[n][r] for n, _ in named} for r in range(len(active))])
         else:
             total = {n: reduce(local[n], divisor, rule) for n, _ in named}

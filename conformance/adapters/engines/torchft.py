@@ -166,8 +166,6 @@ class TorchFTAdapter:
                     "its last quorum timed out in one of two runs here (not understood yet, so not judged)")
         if feats.get("compile"):
             return "torch.compile's DDPOptimizer over torchft's one-rank dummy process group is not supported by torchft"
-        if self.use_async_quorum and scenario.features:
-            return "the first-optimizer-step rule is modelled by the plain oracle only"
         if scenario.dtype != "float32":
             return "torchft's ProcessGroupGloo is driven with fp32 gradients here"
         return None
