@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from conformance.accumulation import reduced_per_micro_batch
 from conformance.anchor import load_params
 from conformance.baseline_events import Baseline, Expected, dense, load_buffers
 from conformance.clip_bound import ClipBound
@@ -40,7 +41,15 @@ from conformance.features import (
     optimizer,
 )
 from conformance.models.data import build_model, loss_fn
-from conformance.semantics import TORCH_DDP, Buffers, ConstructionSync, Semantics, Unused
+from conformance.semantics import (
+    TORCH_DDP,
+    Accumulation,
+    Buffers,
+    ConstructionSync,
+    MidAccumulation,
+    Semantics,
+    Unused,
+)
 from conformance.spec import Scenario
 
 
@@ -52,8 +61,11 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     Modelled: unused parameters as zeros, construction sync at the first forward or at the first
     optimizer step (step 0 forwards each rank's own parameters, only rank 0 participates), buffers
     broadcast after backward, a lossy bound (judged by the contract), micro-batch accumulation
-    (one micro-batch per step here: nothing to model). Buffers never synchronized are refused
-    at plan time (`conformance.feature_support`) and here.
+    (every micro-batch but a step's last inside `no_sync()`: each rank's local sum after each,
+    added in autograd's order; a declared mean or per-micro-batch reduction as in
+    `conformance.baseline`). Buffers never synchronized are refused at plan time
+    (`conformance.feature_support`) and here; so are several micro-batches with `join()` or
+    buffers (when the broadcast is skipped inside `no_sync()` is not modelled here).
     """
     semantics = semantics or TORCH_DDP
     feats = Features.of(scenario)
@@ -68,6 +80,12 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
                          f"{semantics.buffers.value!r} (the model has buffers)")
     if feats.join and list(model.buffers()):
         raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
+    M = scenario.micro_batches
+    if M > 1 and (feats.join or list(model.buffers())):
+        raise ValueError(f"scenario {scenario.id}: several micro-batches per step are modelled for buffer-free "
+                         "models without join() only")
+    mean = semantics.accumulation == Accumulation.MEAN and M > 1
+    reduced_each = semantics.mid_accumulation == MidAccumulation.REDUCED and M > 1
     opt = optimizer(scenario, feats, [p for p in model.parameters() if p.requires_grad])
     device_type = torch.device(scenario.device).type
     scaler = torch.amp.GradScaler(device_type, init_scale=feats.init_scale) if feats.grad_scaler else None
@@ -107,18 +125,28 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
         rank0_buffers, after_forward = start_buffers, {}
         local: dict[str, list] = {n: [] for n, _ in named}  # every active rank's own gradient
         healing = first_step and step == 0  # declared: step 0 runs on each rank's own parameters
+        shares: list[list[dict]] = [[] for _ in range(M)]  # per micro-batch, every active rank's own gradient
+        inside: list[list] = [[None] * W for _ in range(M - 1)]  # each rank's local sum inside no_sync()
         for rank in active:
             load_buffers(model, start_buffers)
             if healing:
                 load_params(model, own_params[rank])
-            x = inputs(scenario, feats, rank=rank, step=step, micro=0, device=scenario.device)
-            with autocast(feats, scenario.device):
-                loss = loss_fn(model(x, rank=rank, micro=0))
-            if scaler is not None:
-                loss = scaler.scale(loss)
-            grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
-            for (name, _), g in zip(named, grads, strict=True):
-                local[name].append(dense(g))
+            accumulated = {n: None for n, _ in named}
+            for micro in range(M):
+                x = inputs(scenario, feats, rank=rank, step=step, micro=micro, device=scenario.device)
+                with autocast(feats, scenario.device):
+                    loss = loss_fn(model(x, rank=rank, micro=micro))
+                if scaler is not None:
+                    loss = scaler.scale(loss)
+                grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
+                share = {name: dense(g) / M if mean and g is not None else dense(g)
+                         for (name, _), g in zip(named, grads, strict=True)}
+                shares[micro].append(share)
+                accumulated = {n: _add(accumulated[n], share[n]) for n in accumulated}
+                if micro < M - 1 and not reduced_each:  # declared REDUCED: nothing per rank to read
+                    inside[micro][rank] = dict(accumulated)
+            for name, _ in named:
+                local[name].append(accumulated[name])
             after_forward[rank] = buffers()
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
@@ -128,6 +156,8 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
             total = {n: reduce(local[n][:1], 1, rule) for n, _ in named}
         elif comm is not None:
             total = comm.reduce([{n: local[n][r] for n, _ in named} for r in range(len(active))])
+        elif reduced_each:
+            total = reduced_per_micro_batch(shares, len(active), rule)
         else:
             total = {n: reduce(local[n], divisor, rule) for n, _ in named}
         if semantics.unused == Unused.ZEROS:
@@ -135,7 +165,9 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
         if semantics.buffers == Buffers.AFTER_BACKWARD:  # rank 0's buffers broadcast after the synced backward
             after_forward = {r: rank0_buffers for r in after_forward}
         per_rank = [total if r in active else None for r in range(W)]
-        baseline.events.append(Expected("backward", step, 0, True, per_rank))
+        for micro, snapshot in enumerate(inside):
+            baseline.events.append(Expected("backward", step, micro, False, snapshot))
+        baseline.events.append(Expected("backward", step, M - 1, True, per_rank))
         if opt is not None:
             # Re-anchored: the optimizer (and scaler) step on the engine's own (judged) gradients.
             stepped = anchor.grads(step) if anchor is not None else None
@@ -170,3 +202,12 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     if feats.join and not feats.throw_on_early_termination:
         baseline.events.append(Expected("joined", feats.total_steps(scenario), 0, True, [state()] * W))
     return baseline
+
+
+def _add(a, b):
+    """A rank's local accumulation: autograd adds each backward's gradient to the last (`grad + new`)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b

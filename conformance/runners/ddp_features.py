@@ -1,6 +1,7 @@
 """Rank side of DDP scenarios with production-training features (`conformance.features`).
 
-The loop is the plain DDP loop (`conformance.runners.ddp`) with what real training adds:
+The loop is the plain DDP loop (`conformance.runners.ddp`: every micro-batch but a step's last
+inside `no_sync()`) with what real training adds:
 the wrapper's `join()` around it, autocast and a GradScaler, torch.compile, gradient
 clipping, requires_grad toggles and a checkpoint round trip. It records the same events
 (construction, every backward, every step) plus, under join, placeholders for the steps a
@@ -75,7 +76,7 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
     if feats.compile == "model":
         model = torch.compile(model, backend=feats.compile_backend)
     if "optimizer" in owned(adapter, scenario):  # protocol v2: the engine builds (and steps) its own optimizer
-        spec = OptimizerSpec(scenario.optimizer, lr=feats.lr, clip=feats.clip)
+        spec = OptimizerSpec(scenario.optimizer, lr=feats.lr, clip=feats.clip, micro_batches=scenario.micro_batches)
         wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
     else:
         wrapped = adapter.wrap(model, ctx, scenario.options)
@@ -166,7 +167,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
             throw_on_early_termination=feats.throw_on_early_termination,
         )
     own_steps = feats.steps(scenario, ctx.rank)
-    step = fired_before = 0
+    step = micro = fired_before = 0
     t0 = time.perf_counter()
     try:
         with joining:
@@ -178,15 +179,19 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                         backward = wrapped.backward
                 if feats.freeze:
                     apply_requires_grad(_module(wrapped), feats, step)
-                x = inputs(scenario, feats, rank=ctx.rank, step=step, micro=0, device=ctx.device)
-                with autocast(feats, ctx.device):
-                    loss = loss_fn(wrapped(x, rank=ctx.rank, micro=0))
-                backward(scaler.scale(loss) if scaler is not None else loss)
-                record["events"].append(
-                    {"kind": "backward", "step": step, "micro": 0, "synced": True, "values": wrapped.full_gradients(),
-                     "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
-                     "shards": _local_shards(wrapped)}  # sharded area (conformance/shards.py)
-                )
+                for micro in range(scenario.micro_batches):  # all but the last inside no_sync()
+                    synced = micro == scenario.micro_batches - 1
+                    x = inputs(scenario, feats, rank=ctx.rank, step=step, micro=micro, device=ctx.device)
+                    with contextlib.nullcontext() if synced else wrapped.no_sync():
+                        with autocast(feats, ctx.device):
+                            loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
+                        backward(scaler.scale(loss) if scaler is not None else loss)
+                    record["events"].append(
+                        {"kind": "backward", "step": step, "micro": micro, "synced": synced,
+                         "values": wrapped.full_gradients(),
+                         "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording)
+                         "shards": _local_shards(wrapped) if synced else None}  # sharded area (conformance/shards.py)
+                    )
                 if optimizer is not None:
                     _step(feats, optimizer, scaler, wrapped, owns)
                 record["events"].append(
@@ -196,7 +201,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     except Exception as exc:  # noqa: BLE001 - recorded; the contract fails any error the scenario does not accept
         # Recorded rather than raised, so the record (and a mutant's fired count) comes back.
         accepted = scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and re.search(scenario.error_pattern, str(exc))
-        record["error"] = {"type": type(exc).__name__, "message": str(exc), "step": step, "micro": 0,
+        record["error"] = {"type": type(exc).__name__, "message": str(exc), "step": step, "micro": micro,
                            "traceback": traceback.format_exc(), "accepted": bool(accepted)}
     if feats.join and record["error"] is None:
         total = feats.total_steps(scenario)

@@ -46,6 +46,19 @@ def test_join_oracle_averages_over_active_ranks_with_the_declared_divisor():
     assert any(v.abs().sum() > 0 for v in lone.values())
 
 
+def test_micro_batches_of_a_feature_scenario_are_accumulated_under_no_sync():
+    # Issue 30: the feature loop drove one micro-batch per step whatever the scenario said, so
+    # ddp/autocast-no-sync tested no no_sync() at all. Now each micro-batch but the last is a
+    # local event (each rank's own gradient), and the synced one averages the local sums.
+    s = _scenario("ddp/autocast-no-sync/mlp/w2/fp32")
+    events = [e for e in baseline.compute(s).events if e.kind == "backward" and e.step == 0]
+    assert [(e.micro, e.synced) for e in events] == [(0, False), (1, True)]
+    inside, synced = events[0].per_rank, events[1].per_rank
+    assert not all(torch.equal(inside[0][n], inside[1][n]) for n in inside[0])  # each rank's own
+    one = baseline.compute(s.with_(micro_batches=1)).events[0].per_rank[0]
+    assert not any(torch.equal(one[n], synced[0][n]) for n in one)  # the second micro-batch counts
+
+
 def test_an_error_expectation_fails_when_no_rank_raises():
     s = _scenario("ddp/join-throw/mlp/w2/fp32")
     assert s.expect == Expect.ERROR

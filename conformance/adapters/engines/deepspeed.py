@@ -81,11 +81,10 @@ def _cpu(t: Tensor | None, like: Tensor | None = None) -> Tensor | None:
 
 
 def driven_micro_batches(scenario) -> int:
-    """The micro-batches per step the runner will drive: the production-feature loop
-    (runners/ddp_features.py) runs one per step whatever the scenario says, the plain loop its count.
-    The engine is configured from what is driven (OptimizerSpec.micro_batches), so the choice of
-    loop must be made from it too."""
-    return 1 if scenario.features else scenario.micro_batches
+    """The micro-batches per step the runner will drive: both loops (runners/ddp.py and
+    runners/ddp_features.py) drive the scenario's count. The engine is configured from what is
+    driven (OptimizerSpec.micro_batches), so the choice of loop must be made from it too."""
+    return scenario.micro_batches
 
 
 def engine_loop(stage: int, dtype: str, micro_batches: int) -> bool:
