@@ -177,7 +177,7 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
             if feats.clip is not None:
                 if scaler is not None:
                     scaler.unscale_(opt)
-                if semantics.clipping is not None:  # declared: the engine's own arithmetic, replayed
+                if semantics.clipping is not None and clip is None:  # declared: the engine's own arithmetic, replayed
                     semantics.clipping.apply([torch.zeros_like(p) if p.grad is None else p.grad for p in params], feats.clip, W)
                 else:
                     if clip is not None:  # conformance.clip_bound: another engine's order of the norm

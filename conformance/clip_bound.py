@@ -157,6 +157,12 @@ def applies(scenario, semantics, feats) -> bool:
     """Where the bound judges the clipped step: the sharded area (every engine there sums the
     global norm over shards, in its own order), unless the engine declares its own clipping
     arithmetic (`Semantics.clipping`, replayed exactly), and without a GradScaler (its skipped
-    steps are not modelled here)."""
-    return (feats.clip is not None and scenario.area == "sharded" and getattr(semantics, "clipping", None) is None
-            and not feats.grad_scaler)
+    steps are not modelled here). A declared rule whose replay is not bitwise at the scenario's
+    world size (DeepSpeed's at 3+ ranks: gloo picks the order of the partial norms) is judged by
+    the bound instead, in any area."""
+    if feats.clip is None or feats.grad_scaler:
+        return False
+    declared = getattr(semantics, "clipping", None)
+    if declared is not None:
+        return not declared.exact(scenario.world_size)
+    return scenario.area == "sharded"

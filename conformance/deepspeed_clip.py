@@ -20,7 +20,15 @@ rounding step is DeepSpeed 0.19's:
   (every parameter is split across the ranks on its own), with the norm kept in fp64 to the end.
 
 Which ranks' partial sums meet in which order matters from 3 ranks on (gloo's all-reduce
-order), so the replay is offered for 1-2 ranks (`exact_for`); more are skipped at plan time.
+order), so the replay is bitwise for 1-2 ranks only (`exact_for`). From 3 ranks the clipped step
+is judged against the bound `conformance.clip_bound` derives for any evaluation order of the
+global norm (its conditions hold for every rule here: each squared element is rounded through
+at most N + 16 roundings no coarser than fp32 — the fp64 pieces' roundings are each 2**-29 of an
+fp32 one, then the partial sum's `.float()`, the W - 1 additions of the all-reduce and the
+`vector_norm` of one group's norm (a square and a root); the coefficient takes 3 roundings (the
+1e-6 addition, the division by max_norm, the reciprocal), within the bound's four). An engine
+that clips by one rank's partition alone (a local norm) lands far outside it
+(tests/conformance/test_deepspeed_clip.py).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ ZERO12_SOURCE = ("deepspeed/runtime/zero/stage_1_and_2.py step: get_grad_norm_di
 ZERO3_SOURCE = ("deepspeed/runtime/zero/stage3.py step: get_grad_norm_direct over each parameter's own partition "
                 "(fp64 norms, torch.sum(torch.pow(stack, 2)), all-reduced, ** (1/2), kept fp64), "
                 "combine_grad_norm_groups, unscale_and_clip_grads: fp32 grad *= 1/(clamp(((norm/S)+1e-6)/max, min=1)*S)")
+BOUND_SOURCE = ("from 3 ranks gloo picks the order the ranks' partial norms are added in: the clipped step is judged "
+                "within the bound conformance.clip_bound derives for any evaluation order of the global norm")
 ALIGNMENT = 2  # stage_1_and_2.py: nccl_start_alignment_factor (4-byte alignment / sizeof(fp16))
 NORM_DTYPE = torch.float64  # deepspeed/runtime/zero/utils.py get_norm_dtype(): fp64 wherever the device has it
 
@@ -143,6 +153,10 @@ class Clipping:
 
     def describe(self) -> str:
         return f"{self.name} ({self.source})"
+
+    def exact(self, world_size: int) -> bool:
+        """Whether replaying this rule is bitwise at `world_size` ranks; else the derived bound judges."""
+        return exact_for(world_size)
 
 
 STAGE0 = Clipping("deepspeed-stage0", stage0, STAGE0_SOURCE)

@@ -100,4 +100,63 @@ def test_clipping_is_declared_for_the_replayed_stages_and_refused_beyond_two_ran
     for stage, rule in ((1, deepspeed_clip.ZERO12), (2, deepspeed_clip.ZERO12), (3, deepspeed_clip.ZERO3)):
         adapter = _planned(f"deepspeed-zero{stage}")
         assert adapter.semantics_for(clip).clipping is rule
-        assert "1-2 ranks" in adapter.unavailable(clip.with_(world_size=3))
+        assert adapter.unavailable(clip.with_(world_size=3)) is None  # judged by the derived bound (below)
+        assert rule.exact(2) and not rule.exact(3)
+
+
+def _sum_in(order):
+    """An all-reduce that adds the ranks' partial norms in `order` (a left fold), or as the pairs ((0,1),(2,3))."""
+    def reduce(parts):
+        if order == "pairs":
+            return (parts[0] + parts[1]) + (parts[2] + parts[3])
+        total = parts[order[0]]
+        for r in order[1:]:
+            total = total + parts[r]
+        return total
+    return reduce
+
+
+def _clipped_sgd_step(grads, replay, max_norm, world_size):
+    """One engine step: the replayed clip on the (replicated) gradients, then SGD with momentum from zeros."""
+    params = [torch.nn.Parameter(torch.full_like(g, 0.5)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    replay([p.grad for p in params], max_norm, world_size)
+    torch.optim.SGD(params, lr=2.0**-10, momentum=0.9).step()
+    return [p.detach() for p in params]
+
+
+@pytest.mark.parametrize("replay", [deepspeed_clip.zero12, deepspeed_clip.zero3], ids=["zero12", "zero3"])
+def test_beyond_two_ranks_every_order_of_the_partial_norms_is_within_the_derived_bound_and_a_local_norm_is_not(
+        replay, monkeypatch):
+    """At 4 ranks gloo picks the order of the partial norms: every order (and a pairwise tree) lands within
+    `conformance.clip_bound`'s bound around the oracle's torch-clipped step, an engine that clips each rank
+    by its own partition's norm (no all-reduce) does not."""
+    import itertools
+
+    from conformance.clip_bound import ClipBound
+
+    W, max_norm = 4, 1.0
+    for seed in range(3):
+        grads = _grads(seed)
+        oracle = [torch.nn.Parameter(torch.full_like(g, 0.5)) for g in grads]
+        opt = torch.optim.SGD(oracle, lr=2.0**-10, momentum=0.9)
+        bound = ClipBound(max_norm, opt)
+        for p, g in zip(oracle, grads, strict=True):
+            p.grad = g.clone()
+        bound.before_clip(oracle)
+        bound.check_norm(float(torch.nn.utils.clip_grad_norm_(oracle, max_norm)))
+        opt.step()
+        radius = bound.after_step([(str(i), p) for i, p in enumerate(oracle)])
+        assert bound.interval[1] < 1.0  # the clip is active
+
+        def within(params, oracle=oracle, radius=radius):
+            return all(bool(((e.double() - o.detach().double()).abs() <= radius[str(i)]).all())
+                       for i, (e, o) in enumerate(zip(params, oracle, strict=True)))
+
+        orders = [*itertools.permutations(range(W)), "pairs"]
+        for order in orders:
+            monkeypatch.setattr(deepspeed_clip, "_allreduce_sum", _sum_in(order))
+            assert within(_clipped_sgd_step(grads, replay, max_norm, W)), (seed, order)
+        monkeypatch.setattr(deepspeed_clip, "_allreduce_sum", lambda parts: parts[0])  # the local norm
+        assert not within(_clipped_sgd_step(grads, replay, max_norm, W)), seed

@@ -239,6 +239,8 @@ class DeepSpeedAdapter:
             rule = deepspeed_clip.ZERO3 if self.stage == 3 else deepspeed_clip.ZERO12
             sem["clipping"] = rule
             sources.append(rule.source)
+            if not rule.exact(scenario.world_size):
+                sources.append(deepspeed_clip.BOUND_SOURCE)
         if not engine_loop(self.stage, scenario.dtype, driven_micro_batches(scenario)):
             return Semantics(**sem, sources=tuple(sources))
         if driven_micro_batches(scenario) > 1:
@@ -260,9 +262,6 @@ class DeepSpeedAdapter:
             return self._why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
-        if clipped(scenario) and not deepspeed_clip.exact_for(scenario.world_size):
-            return (f"gradient_clipping at {scenario.world_size} ranks: the ranks' partial norms are all-reduced in "
-                    "an order gloo picks; the replay of DeepSpeed's clipping is bitwise for 1-2 ranks only")
         if engine_loop(self.stage, scenario.dtype, driven_micro_batches(scenario)):
             why = engine_loop_limits(scenario)
             if why:
