@@ -10,7 +10,7 @@ models the declared one instead of widening its rule.
 from __future__ import annotations
 
 from conformance.baseline_events import Grads
-from conformance.envelope import Envelope, reduce
+from conformance.envelope import Envelope, reduce, staged_reduce
 from conformance.spec import EXACT, Tolerance
 
 
@@ -42,3 +42,13 @@ def reduced_per_micro_batch(micro_shares: list[list[Grads]], world_size: int, ru
             total = _add(total, value)
         out[name] = total
     return out
+
+
+def reduce_scattered_per_micro_batch(micro_shares: list[list[Grads]], world_size: int, replicas: int,
+                                     rule: Tolerance = EXACT) -> dict:
+    """HSDP's reduce-scatter-only accumulation (`WrapOptions.accumulate_reduce_scattered`, FSDP2
+    `set_requires_all_reduce(False)`): each micro-batch summed inside its shard group, the sums
+    accumulated per replica, the replicas' sums all-reduced at the synced backward. The tree and
+    its rule: `conformance.envelope.staged_reduce` ([Note: the HSDP accumulation tree])."""
+    return {name: staged_reduce([[shares[r].get(name) for shares in micro_shares] for r in range(world_size)],
+                                replicas, rule) for name in micro_shares[0][0]}

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from conformance import baseline_features, baseline_mixed
-from conformance.accumulation import reduced_per_micro_batch
+from conformance.accumulation import reduce_scattered_per_micro_batch, reduced_per_micro_batch
 from conformance.anchor import Anchor, load_params
 from conformance.baseline_events import Baseline, Expected, Grads, dense, load_buffers
 from conformance.envelope import reduce, reference, rule_of
@@ -174,6 +174,7 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
             load_buffers(model, rank_buffers[0])
         local: list[Grads] = [dict(carried) for _ in range(W)]
         reduced_each = sem.mid_accumulation == MidAccumulation.REDUCED
+        rs_only = scenario.options.accumulate_reduce_scattered  # HSDP: the tree of conformance.envelope.staged_reduce
         micro_shares: list[list[Grads]] = []  # per micro-batch, every rank's own gradient (REDUCED)
         for micro in range(scenario.micro_batches):
             micro_shares.append([{} for _ in range(W)])
@@ -223,7 +224,9 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                     avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
                 else:
                     avg = comm.reduce(local) if comm is not None else (
-                        reduced_per_micro_batch(micro_shares, W, rule) if reduced_each else average(local, W, rule))
+                        reduced_per_micro_batch(micro_shares, W, rule) if reduced_each else
+                        reduce_scattered_per_micro_batch(micro_shares, W, scenario.options.hsdp_replicas, rule)
+                        if rs_only else average(local, W, rule))
                 if baseline_mixed.applies(scenario):  # the reduced gradient cast back to the masters' dtype
                     avg = {n: baseline_mixed.to_master_dtype(avg[n], p.dtype) for n, p in named}
                 if sem.unused == Unused.ZEROS:
@@ -231,7 +234,7 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
             else:
                 snapshot = [{n: dense(g) for n, g in grads.items()} for grads in local]
-                if sem.mid_accumulation == MidAccumulation.REDUCED:  # declared: nothing per rank to read
+                if reduced_each or rs_only:  # reduced per micro-batch: no local gradient per rank to read
                     snapshot = [None] * W
                 baseline.events.append(Expected("backward", step, micro, False, snapshot))
         if optimizer is not None and scaler is not None and skipped:

@@ -187,6 +187,9 @@ def rule_of(scenario, semantics):
     """The rule cross-rank sums are judged by: the adapter's declared lossy rule, else the
     scenario's; with the adapter's declared placement of 1/W (`Semantics.scaling`) where no comm
     hook takes the averaging over."""
+    communication = getattr(semantics, "communication", None)
+    if communication is not None:  # simulated lossy communication (PowerSGD): its own rule
+        return communication.rule()
     tol = getattr(semantics, "lossy", None) or scenario.tolerance
     scaling = getattr(getattr(semantics, "scaling", None), "value", "pre")
     if scaling != "pre" and tol.exact and not scenario.options.comm_hook:
@@ -283,4 +286,132 @@ def _bound(grads, reference, divisor, tol) -> Envelope:
     slack = 4 * n * 2.0**-53  # the float64 centre's own rounding
     radius = (gamma(m, u) + slack) * magnitude + m * n * eta
     formula = f"|ŝ-s| <= γ_{m}·Σ|x_i| + {m}·{n}·η, γ_{m} = {m}u/(1-{m}u), u = 2^{int(math.log2(u))} ({sum_dtype})"
+    return Envelope(reference, "derived-bound", formula, center=center, radius=radius, magnitude=magnitude, unit=u)
+
+
+# -- HSDP's reduce-scatter-only accumulation: a three-level summation tree ------------------------
+# [Note: the HSDP accumulation tree]
+# With FSDP2's `set_requires_all_reduce(False)` on a (R replicas, S shards) mesh each micro-batch
+# is reduce-scattered inside its shard group and the reduced chunk accumulated there; only the
+# last (synced) micro-batch all-reduces the accumulated chunk across the R replicas. For rank
+# (r, s) and micro-batch m with local gradient g_{r,s,m} the engine computes
+#
+#     D2( Σ^tree_r  A_r ),   A_r = (((B_{r,1} + B_{r,2}) + ...) + B_{r,M}),   B_{r,m} = D1( Σ^tree_s D0(g_{r,s,m}) )
+#
+# (FSDP2: `partial_reduce_output += reduce_output`, then `reduce_output += partial` before the
+# all-reduce: micro-batch order; addition is commutative bitwise, so the order inside each add
+# does not matter). D0, D1, D2 are where the 1/W = 1/(R·S) is applied: "pre" D0 = /W (or ·fl(1/W));
+# "post" either D2 = /W after everything, or /S after each reduce-scatter and /R after the
+# all-reduce (FSDP2's ReduceOp.AVG on each collective for fp32/bf16); "split" FSDP's pre-divide
+# factor p in D0 and W/p in D2 (FSDP2's fp16 path). Local accumulation (`no_sync()` proper) sums
+# each rank's micro-batches first, a different tree: its 15 trees over 4 rank totals need not
+# contain this one, so the oracle models it here instead of widening the rule.
+#
+# Enumerated (bitwise to one of the candidates) while there are at most MAX_STAGED candidate
+# values per placement: every tree over S shares per micro-batch, every tree over R replica
+# sums. Beyond that the derived bound of a summation tree (Higham §4.2: ŝ = Σ x_i·Π(1+δ) over the
+# roundings on x_i's path to the root): |ŝ - s| <= γ_h·Σ|x_i| + h·n·η with h the longest path:
+# (S-1) + (M-1) + (R-1) additions, up to 2 roundings for each of the three divisions whose
+# divisor is not a power of two (a rounded reciprocal times the value), and the declared casts.
+MAX_STAGED = 256
+
+
+def _stage_divisors(W: int, S: int, R: int, divide: tuple[str, ...]) -> list[tuple[tuple, tuple, tuple]]:
+    """(D0, D1, D2) per placement of 1/W, each ("div", d) / ("mul", fl(1/d)) / None."""
+    def forms(d):
+        if d == 1:
+            return [None]
+        return [("div", float(d))] + ([("mul", 1.0 / d)] if d & (d - 1) else [])
+
+    out = []
+    for where in divide:
+        if where == "pre":
+            out += [(f, None, None) for f in forms(W)]
+        elif where == "post":
+            out += [(None, None, f) for f in forms(W)]
+            out += [(None, a, b) for a in forms(S) for b in forms(R)]  # AVG on each collective
+        elif where == "split":
+            p = fsdp_predivide(W)
+            out += [(f, None, g) for f in forms(int(p)) for g in forms(int(W // p))]
+    return out
+
+
+def _apply(t: Tensor, f) -> Tensor:
+    if f is None:
+        return t
+    return t / f[1] if f[0] == "div" else t * f[1]
+
+
+def staged_reduce(grads: list[list[Tensor | None]], replicas: int, tol) -> Tensor | Envelope | None:
+    """(1/W)·Σ over HSDP's reduce-scatter-only accumulation ([Note: the HSDP accumulation tree]).
+
+    `grads[rank][m]`: rank's gradient of micro-batch m (None: unused there), ranks in global
+    order r·S + s on a (replicas, S) mesh. A plain tensor where every candidate agrees.
+    """
+    W, R = len(grads), replicas
+    S, M = W // R, len(grads[0])
+    if not any(g is not None for row in grads for g in row):
+        return None
+    mesh = [[[grads[r * S + s][m] for s in range(S)] for m in range(M)] for r in range(R)]
+
+    def present(ts):
+        return [t for t in ts if t is not None]
+
+    def seq_micro(values):  # accumulate micro-batch sums in order, skipping micro-batches without any
+        values = [v for v in values if v is not None]
+        return sequential(values) if values else None
+
+    # Reference: the rank-order tree with pre-divided shares (what straight-through compares with).
+    reps = [seq_micro([None if not present(mesh[r][m]) else sequential([g / W for g in present(mesh[r][m])])
+                       for m in range(M)]) for r in range(R)]
+    reference = sequential([x for x in reps if x is not None])
+    if tol.kind in ("band", "norm"):
+        return reference
+    leaves = present([g for row in grads for g in row])
+    if tol.kind == "derived-bound":
+        return _staged_bound(leaves, reference, W, S, R, M, tol)
+    trees = {1: 1, 2: 1, 3: 3, 4: 15}  # distinct summation trees of n terms (see summation_trees)
+    if S > MAX_ENUMERATED or R > MAX_ENUMERATED or trees[S] ** (R * M) * trees[R] > MAX_STAGED:
+        env = _staged_bound(leaves, reference, W, S, R, M, tol)
+        env.rule = "summation-order"
+        return env
+    sums = []
+    for d0, d1, d2 in _stage_divisors(W, S, R, tuple(tol.divide)):
+        reps = []
+        for r in range(R):
+            options = [[None] if not present(mesh[r][m]) else
+                       [_apply(t, d1) for t in summation_trees([_apply(g, d0) for g in present(mesh[r][m])])]
+                       for m in range(M)]
+            combos = [[]]
+            for opts in options:
+                combos = [c + [o] for c in combos for o in opts]
+            reps.append([v for v in (seq_micro(c) for c in combos) if v is not None])
+        reps = [x for x in reps if x]
+        choices = [[]]
+        for opts in reps:
+            choices = [c + [o] for c in choices for o in opts]
+        for c in choices:
+            sums.extend(_apply(t, d2) for t in summation_trees(c))
+    candidates = torch.stack([reference, *sums])
+    if bool(((candidates == reference) | (candidates.isnan() & reference.isnan())).all()):
+        return reference
+    formula = (f"bitwise to one of {len(sums)} values of HSDP's reduce-scatter-only tree ({R} replicas x {S} shards, "
+               f"{M} micro-batches: every tree per shard group and across replicas; 1/W: {'/'.join(tol.divide)})")
+    return Envelope(reference, "summation-order", formula, candidates=candidates,
+                    magnitude=sequential([g.double().abs() / W for g in leaves]),
+                    unit=UNIT_ROUNDOFF[dtype_name(reference.dtype)])
+
+
+def _staged_bound(leaves, reference, W, S, R, M, tol) -> Envelope:
+    """The tree's derived bound ([Note: the HSDP accumulation tree]) around the exact sum."""
+    n = len(leaves)
+    sum_dtype = tol.sum_dtype or dtype_name(reference.dtype)
+    u, eta = UNIT_ROUNDOFF[sum_dtype], UNDERFLOW[sum_dtype]
+    divisions = sum(2 for d in (W, S, R) if d & (d - 1))
+    h = tol.roundings + divisions + (S - 1) + (M - 1) + (R - 1)
+    exact = [g.double() / W for g in leaves]
+    center, magnitude = sequential(exact), sequential([x.abs() for x in exact])
+    radius = (gamma(h, u) + 4 * n * 2.0**-53) * magnitude + h * n * eta
+    formula = (f"|ŝ-s| <= γ_{h}·Σ|x_i| + {h}·{n}·η (HSDP tree: {S - 1}+{M - 1}+{R - 1} additions on a path, "
+               f"{divisions} division roundings, {tol.roundings} casts), u = 2^{int(math.log2(u))} ({sum_dtype})")
     return Envelope(reference, "derived-bound", formula, center=center, radius=radius, magnitude=magnitude, unit=u)

@@ -23,6 +23,9 @@ in its entry, with its reason in its docstring): only the real elements of the *
 are compared then, and the report lists those parameters; gradient padding is always checked
 (a norm over the shards counts it).
 
+On a HSDP mesh (``WrapOptions.hsdp_replicas`` = R) the placement is over the shard group: rank
+``r*S + s`` holds position ``s`` of ``S = W / R``, the same chunk as every replica's rank ``s``.
+
 A scenario that asks for a placement (``WrapOptions.shard_placement``, issue #26) also checks
 that each shard's declared placement is the one asked for: an engine that accepts a
 ``shard_placement_fn`` and shards on dim 0 anyway gathers the right tensors, so only this
@@ -105,11 +108,14 @@ def check_local_shards(scenario, adapter: str, records: dict[int, dict], repro: 
                         f"[{scenario.id}] adapter {adapter}: rank {rank}, {where}: {name!r} ({tuple(full.shape)}) is "
                         f"sharded as {shard['placement']}, but the scenario's shard_placement_fn ({rule}) asks for "
                         f"dim {asked}: the engine ignored the placement function\n  repro: {repro}")
-                want = expected_shard(full, shard["placement"], rank, scenario.world_size)
+                # HSDP shards within the shard group: rank r*S + s holds position s of S (replicas equal)
+                shard_ranks = scenario.world_size // (scenario.options.hsdp_replicas or 1)
+                position = rank % shard_ranks
+                want = expected_shard(full, shard["placement"], position, shard_ranks)
                 if field == "param" and shard.get("param_padding") == "unspecified" and local.numel() == want.numel():
                     # Declared by the adapter (DeepSpeed ZeRO-3: its fp32 partition's padding is never
                     # written): only the real elements are compared, and the report says so.
-                    real = min(want.numel(), max(0, full.numel() - rank * want.numel()))
+                    real = min(want.numel(), max(0, full.numel() - position * want.numel()))
                     want, local = want[:real], local.reshape(-1)[:real]
                     unspecified.add(name)
                 bad = compare_tensor(f"{name} ({field} shard, {shard['placement']})", want,

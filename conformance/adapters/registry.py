@@ -26,7 +26,7 @@ BUILTINS: dict[str, str] = {
     "refimpl-sharded": "conformance.adapters.sharded:refimpl_sharded",
     "refimpl-zero3": "conformance.adapters.sharded:refimpl_zero3",
     "torch-fsdp": "conformance.adapters.sharded:torch_fsdp",
-    "torch-fsdp2": "conformance.adapters.sharded:torch_fsdp2",
+    "torch-fsdp2": "conformance.adapters.sharded_fsdp2:torch_fsdp2",
 }
 
 # Third-party engines (conformance/adapters/engines/): built in, but run only when named, since

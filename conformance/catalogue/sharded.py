@@ -73,11 +73,12 @@ def scenarios() -> list[Scenario]:
     from conformance.catalogue import (
         sharded_clip,  # issue 25: global-norm clipping, S22
         sharded_families,  # issue 26 part B: S15-S18
+        sharded_hsdp,  # issue 26: HSDP's reduce-scatter-only accumulation, S21
         sharded_precision,  # issue 26 part A: S19-S20
     )
 
     return (out + fsdp_depth_scenarios() + issue30_scenarios() + sharded_families.scenarios()
-            + sharded_precision.scenarios() + sharded_clip.scenarios())
+            + sharded_precision.scenarios() + sharded_clip.scenarios() + sharded_hsdp.scenarios())
 
 
 # -- issue 26: the dimensions FSDP2's own tests cover --------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from conformance.adapters import sharded_state
-from conformance.adapters.sharded import FSDP2Wrapped, TorchFSDP2, fsdp2_extra
+from conformance.adapters.sharded_fsdp2 import FSDP2Wrapped, TorchFSDP2, fsdp2_extra
 
 
 # -- refimpl ZeRO-3 -----------------------------------------------------------------------------

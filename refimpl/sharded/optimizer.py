@@ -64,6 +64,9 @@ class ShardedOptimizer:
         self.optimizer.zero_grad(set_to_none=set_to_none)
         for p in self.model.module.parameters():
             p.grad = None
+        clear = getattr(self.model, "clear_local_gradients", None)  # ZeRO-3: sums kept in reduce_dtype
+        if clear is not None:
+            clear()
 
     def state_dict(self):
         return self.optimizer.state_dict()

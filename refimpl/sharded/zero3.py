@@ -61,28 +61,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import _torch_compat as compat
-from ..broadcast import broadcast_from_rank0
 from ..ddp.unused_params import reaches_any
 from .bucketer import ReduceScatterBucketer
 from .engine import _all_gather_single
+from .hsdp import ReplicaReduce
 from .optimizer import ShardedOptimizer
+from .precision import MixedPrecisionPolicy, cast_floating, keep_local
 from .reshard import PostForwardGroup, post_forward_group
 from .zero3_reads import ShardReads, _chunk
 
 __all__ = ["FullyShardedDataParallel", "MixedPrecisionPolicy"]
-
-
-@dataclass(frozen=True)
-class MixedPrecisionPolicy:
-    """FSDP2's policy: compute in ``param_dtype``, reduce gradients in ``reduce_dtype``.
-
-    ``None`` keeps the parameter's own dtype. Shards, the optimizer and ``full_*`` reads stay
-    in the parameter's original dtype; the gathered parameter is the shard cast to
-    ``param_dtype``, and the reduced gradient is cast back to the shard's dtype.
-    """
-
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
 
 
 @dataclass
@@ -98,6 +86,7 @@ class _Param:
     dtype: torch.dtype  # the parameter's own dtype: shards, optimizer state and full_* reads
     order: int  # registration order in the module: the order gradients are reduced in
     shard: nn.Parameter | None = None  # this rank's chunk: the optimizer's parameter
+    acc: Tensor | None = None  # a local no_sync() sum kept in reduce_dtype (refimpl.sharded.precision)
 
 
 class _Unit:
@@ -136,6 +125,9 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
     Args:
         module: the model; rank 0's parameters and buffers are broadcast at construction.
         process_group: group to shard over (default: the default group).
+        replicate_group: HSDP: the ranks holding the same shards as this one (one per shard
+            group); gradients are all-reduced across it after each reduce-scatter
+            (``refimpl.sharded.hsdp``). None: shard over ``process_group`` only.
         units: submodules gathered as units of their own (the root is always one).
         reshard_after_forward: free a non-root unit's parameters after its forward (and
             gather them again for its backward); False keeps them until the end of backward;
@@ -147,7 +139,7 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
     """
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-                 units: Iterable[nn.Module] = (), reshard_after_forward: bool | int = True,
+                 replicate_group: dist.ProcessGroup | None = None, units: Iterable[nn.Module] = (), reshard_after_forward: bool | int = True,
                  mixed_precision: MixedPrecisionPolicy | None = None, bucket_cap_mb: float = 25,
                  broadcast_buffers: bool = True) -> None:
         super().__init__()
@@ -164,12 +156,14 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
         self.mp = mixed_precision or MixedPrecisionPolicy()
         self.broadcast_buffers = broadcast_buffers
         self.bucketer = ReduceScatterBucketer(bucket_cap_mb)
-        self._sync = True
-        self._sync_backward = True
+        self._replicas = ReplicaReduce(replicate_group)
+        self.dp_size = self.world_size * self._replicas.size  # every share is divided by it
+        self._sync = self._sync_backward = True
+        self._all_reduce = self._all_reduce_backward = True  # set_requires_all_reduce (HSDP)
         self._end_queued = False
 
-        broadcast_from_rank0(list(module.parameters()), self.process_group)
-        broadcast_from_rank0(list(module.buffers()), self.process_group)
+        self._replicas.broadcast(list(module.parameters()), self.process_group)
+        self._replicas.broadcast(list(module.buffers()), self.process_group)
         self._units = self._build_units(list(units))
         self._params = [p for u in self._units for p in u.params]
         self._params.sort(key=lambda p: p.order)  # registration order: the reduction order
@@ -275,9 +269,9 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
 
     def _pre_forward(self, unit: _Unit, module, args):
         if unit.root:
-            if self.broadcast_buffers and self.world_size > 1:
-                broadcast_from_rank0(list(self.module.buffers()), self.process_group)
-            self._sync_backward = self._sync
+            if self.broadcast_buffers and self.dp_size > 1:
+                self._replicas.broadcast(list(self.module.buffers()), self.process_group)
+            self._sync_backward, self._all_reduce_backward = self._sync, self._all_reduce
         self._gather(unit)
         if unit.root or not (self._sync and torch.is_grad_enabled()):
             return None
@@ -327,6 +321,25 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
         """False: backward accumulates the local full ``p.grad`` (FSDP2's name for no_sync)."""
         self._sync = bool(requires)
 
+    def set_requires_all_reduce(self, requires: bool) -> None:
+        """HSDP: False reduce-scatters each synced backward inside the shard group and keeps the
+        chunk, all-reducing across replicas only at the next backward with True (FSDP2's name)."""
+        self._all_reduce = bool(requires)
+
+    @contextlib.contextmanager
+    def no_all_reduce(self) -> Iterator[None]:
+        """``set_requires_all_reduce(False)`` for the backwards of the forwards inside."""
+        previous, self._all_reduce = self._all_reduce, False
+        try:
+            yield
+        finally:
+            self._all_reduce = previous
+
+    def clear_local_gradients(self) -> None:
+        """Drop local no_sync() sums kept in reduce_dtype (``ShardedOptimizer.zero_grad``)."""
+        for q in self._params:
+            q.acc = None
+
     @property
     def require_backward_grad_sync(self) -> bool:
         return self._sync
@@ -341,12 +354,13 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
 
     def forward(self, *args, **kwargs):
         if self.mp.param_dtype is not None:  # floating inputs in the compute dtype, as FSDP2 casts them
-            args, kwargs = _cast((args, kwargs), self.mp.param_dtype)
+            args, kwargs = cast_floating((args, kwargs), self.mp.param_dtype)
         return self.module(*args, **kwargs)
 
     # --- gradient reduction -----------------------------------------------------------------
     def _on_grad_accumulated(self, q: _Param, param: Tensor) -> None:
         self._queue_end()
+        q.acc = keep_local(q.acc, param, self.mp.reduce_dtype, self._sync_backward)  # [Note: accumulating in reduce_dtype]
         if self._unit_of[id(q.param)].reduced:
             self._late.append(q)  # its unit was reduced already: reduce this one at the end
 
@@ -373,7 +387,9 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
         late, self._late = self._late, []
         if self._sync_backward:
             rest = [q for q in self._params if not self._unit_of[id(q.param)].reduced]
-            self._reduce(rest + [q for q in late if q.param.grad is not None])
+            self._reduce(rest + [q for q in late if q.param.grad is not None or q.acc is not None])
+            if self._all_reduce_backward:  # partials no chunk of this backward met (refimpl.sharded.hsdp)
+                self._replicas.finish(True, _accumulate, rest=True)
             self.bucketer.teardown()
             for q in self._params:
                 q.param.grad = None
@@ -383,25 +399,28 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
     def _reduce(self, params: list[_Param]) -> None:
         """Reduce-scatter ``params``' full gradients into their shards (same calls on every rank)."""
         device = self._params[0].param.device if self._params else torch.device("cpu")
-        used = torch.tensor([q.param.grad is not None for q in params], dtype=torch.int32, device=device)
+        used = torch.tensor([q.param.grad is not None or q.acc is not None for q in params], dtype=torch.int32,
+                            device=device)
         dist.all_reduce(used, group=self.process_group)
+        self._replicas.count_users(used)  # HSDP: used on any replica
         for q, n_ranks in zip(params, used.tolist(), strict=True):
             if n_ranks == 0:
                 continue  # no rank used it: its sharded gradient stays as it was
             self.bucketer.reduce_scatter_async(self._chunks_to_reduce(q, device), self.process_group,
-                                               functools.partial(_accumulate, q))
-            q.param.grad = None  # the bucketer copied what it needs
+                                               functools.partial(self._replicas.collect, q, accumulate=_accumulate))
+            q.param.grad = q.acc = None  # the bucketer copied what it needs
         self.bucketer.flush()
+        self._replicas.finish(self._all_reduce_backward, _accumulate)  # HSDP: across replicas, or kept
 
     def _chunks_to_reduce(self, q: _Param, device: torch.device) -> list[Tensor]:
-        """The W chunks of ``grad / W`` in the reduce dtype: views of the gradient where a chunk
+        """The W chunks of ``grad / dp_size`` in the reduce dtype: views of the gradient where a chunk
         is all real elements, a zero-padded copy only for the chunk that holds the end."""
-        W, grad = self.world_size, q.param.grad
+        W, grad = self.world_size, q.acc if q.acc is not None else q.param.grad
         rdtype = self.mp.reduce_dtype or (grad.dtype if grad is not None else q.param.dtype)
         if grad is None:  # another rank used it: this rank's share is zero
             return list(torch.zeros(W, q.chunk, dtype=rdtype, device=device))
         # In place: the gradient is dropped right after (as DDP divides its bucket views in place).
-        flat = grad.reshape(-1).to(rdtype).div_(W)
+        flat = grad.reshape(-1).to(rdtype).div_(self.dp_size)
         full = q.numel // q.chunk if q.chunk else W
         chunks = list(flat[:full * q.chunk].view(full, q.chunk))
         if full < W:
@@ -424,27 +443,6 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
 
     def _assert_idle(self, what: str) -> None:
         assert not self._end_queued, f"{what} during backward: call it after loss.backward() has returned"
-
-    @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
-        """Clip the sharded gradients by their *global* norm (one all-reduce); returns the norm.
-
-        pytorch/pytorch#170862 is the bug this avoids: the norm of the local shard alone.
-        """
-        grads = [q.shard.grad for q in self._params if q.shard is not None and q.shard.grad is not None]
-        device = self._params[0].shard.device if self._params else torch.device("cpu")
-        if norm_type == math.inf:
-            local = max((g.abs().max() for g in grads), default=torch.zeros((), device=device)).float()
-            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.process_group)
-            total = local
-        else:
-            local = sum((g.float().abs().pow(norm_type).sum() for g in grads), torch.zeros((), device=device))
-            dist.all_reduce(local, group=self.process_group)
-            total = local.pow(1.0 / norm_type)
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
-        return total
 
 
 class _PostBackward(torch.autograd.Function):
@@ -473,16 +471,6 @@ def _accumulate(q: _Param, reduced: Tensor) -> None:
         q.shard.grad = reduced  # a view of this flush's own output (the bucketer never reuses it)
     else:
         q.shard.grad.add_(reduced)
-
-
-def _cast(obj, dtype: torch.dtype):
-    if isinstance(obj, Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_cast(o, dtype) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _cast(v, dtype) for k, v in obj.items()}
-    return obj
 
 
 def _tensors(output) -> list[Tensor]:

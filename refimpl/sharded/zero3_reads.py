@@ -1,5 +1,6 @@
 """Full and sharded reads of refimpl's ZeRO-3 engine: gathered gradients and parameters, each
-rank's own chunks, and full / sharded state dicts (a mixin of ``FullyShardedDataParallel``).
+rank's own chunks, full / sharded state dicts, and the global-norm clip (which reads every
+shard's gradient) — a mixin of ``FullyShardedDataParallel``.
 
 Why a module of its own: these are the engine's *outputs* (what users, checkpoints and the
 suite read), apart from how it computes (``zero3.py``: gathering, resharding, reducing). They
@@ -12,9 +13,11 @@ gradient). A parameter of ``numel`` elements is split into ``W`` chunks of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from .engine import _all_gather_single
@@ -99,3 +102,24 @@ class ShardReads:
                     f"{entry['shape']}; this is rank {self.rank} of {self.world_size} with shape {tuple(q.shape)}: "
                     "load a full state dict to change the world size")
             q.shard.copy_(entry["chunk"])
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Clip the sharded gradients by their *global* norm (one all-reduce); returns the norm.
+
+        pytorch/pytorch#170862 is the bug this avoids: the norm of the local shard alone.
+        """
+        grads = [q.shard.grad for q in self._params if q.shard is not None and q.shard.grad is not None]
+        device = self._params[0].shard.device if self._params else torch.device("cpu")
+        if norm_type == math.inf:
+            local = max((g.abs().max() for g in grads), default=torch.zeros((), device=device)).float()
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.process_group)
+            total = local
+        else:
+            local = sum((g.float().abs().pow(norm_type).sum() for g in grads), torch.zeros((), device=device))
+            dist.all_reduce(local, group=self.process_group)
+            total = local.pow(1.0 / norm_type)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return total
