@@ -194,6 +194,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 fwd, fwd_params = baseline_mixed.compute_module(model, params, scenario)
                 loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
                 if scaler is not None:
+                    if mean:  # declared with the scaler: engine.backward divides the loss by the count, then scales it
+                        loss = loss / scenario.micro_batches
                     loss = loss * scaler.scale  # the engine's scale_loss, in the loss's dtype
                 if loss.requires_grad and params:
                     grads = torch.autograd.grad(loss, fwd_params, allow_unused=True)
@@ -201,7 +203,7 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                     grads = [None] * len(params)
                 for (name, _), g in zip(named, grads, strict=True):
                     g = baseline_mixed.to_reduce_dtype(dense(g), scenario)
-                    if mean and g is not None:
+                    if mean and g is not None and scaler is None:
                         g = g / scenario.micro_batches
                     local[rank][name] = _add(local[rank][name], g)
                     micro_shares[-1][rank][name] = g

@@ -21,10 +21,13 @@ replays exactly what the ranks did:
 - ``clip``: ``clip_grad_norm_(max_norm)`` on the averaged gradients before each step.
 - ``freeze``: ``((step, name_prefix, requires_grad), ...)``: requires_grad toggled before
   that step's forward (bucket rebuild, unused parameters).
-- ``save_load_at``: after that many steps, save the wrapper's ``state_dict`` (torch DDP's
-  ``module.``-prefixed keys) and the optimizer's, rebuild model, wrapper and optimizer from
-  the checkpoint, and train on: the oracle trains straight through. ``state_dict`` ("full" or
+- ``save_load_at``: after that many steps (or at each of several steps), save the wrapper's
+  ``state_dict`` (torch DDP's ``module.``-prefixed keys) and the optimizer's, rebuild model,
+  wrapper and optimizer from the checkpoint, and train on: the oracle trains straight through. ``state_dict`` ("full" or
   "sharded"): the sharded area's round trip instead (`conformance.runners.sharded_checkpoint`).
+- ``wrap_under``: ``"no_grad"``: the wrapper is constructed inside ``torch.no_grad()`` (ambient
+  state at construction, e.g. a model wrapped in an evaluation setup): neither the construction
+  sync nor the gradient hooks may depend on it.
 - ``repeat``: run the whole scenario twice and report whether every gradient was bitwise
   identical (the determinism check; a failure only for an adapter that declares
   ``deterministic = True``).
@@ -55,10 +58,11 @@ class Features:
     compile_backend: str = "aot_eager"
     clip: float | None = None
     freeze: tuple[tuple[int, str, bool], ...] = ()
-    save_load_at: int | None = None
+    save_load_at: int | tuple[int, ...] | None = None
     # sharded area (issue #26): the round trip saves "full" or "sharded" (torch.distributed.checkpoint)
     # state dicts through the engine's own API (conformance.runners.sharded_checkpoint)
     state_dict: str = ""
+    wrap_under: str = ""  # "no_grad" (issue 30: ambient state at construction)
     repeat: int = 1
     # A small dyadic learning rate: 5+ steps on small-integer data stay finite (the base
     # catalogue's 2**-4 diverges to inf/nan by step 4 here, which would hide wrong values).
@@ -91,6 +95,12 @@ class Features:
             return len(self.active(step))
         return world_size
 
+    @property
+    def round_trips(self) -> tuple[int, ...]:
+        """The steps before which the checkpoint round trip runs (`save_load_at`)."""
+        at = self.save_load_at
+        return () if at is None else (at,) if isinstance(at, int) else tuple(at)
+
     def requires_grad_at(self, step: int) -> list[tuple[str, bool]]:
         return [(prefix, flag) for s, prefix, flag in self.freeze if s == step]
 
@@ -116,6 +126,15 @@ def autocast(feats: Features, device) -> contextlib.AbstractContextManager:
     if not feats.autocast:
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=DTYPES[feats.autocast])
+
+
+def wrapping(feats: Features, device) -> contextlib.AbstractContextManager:
+    """The ambient state the wrapper is constructed in (`wrap_under`)."""
+    if feats.wrap_under == "no_grad":
+        return torch.no_grad()
+    if feats.wrap_under:
+        raise ValueError(f"wrap_under: {feats.wrap_under!r} is not 'no_grad'")
+    return contextlib.nullcontext()
 
 
 def apply_requires_grad(module: torch.nn.Module, feats: Features, step: int) -> None:

@@ -8,7 +8,10 @@ DeepSpeed 0.19's `DynamicLossScaler` (deepspeed/runtime/fp16/loss_scaler.py) as 
 
 - the loss is multiplied by the current scale S inside `engine.backward` (`scale_loss`), in the
   loss's own dtype, so the gradients are S times the true ones (bitwise, S a power of two, until
-  they overflow);
+  they overflow); with gradient accumulation (a declared mean over G micro-batches) the loss is
+  first divided by G (`loss / gradient_accumulation_steps`, then `scale_if_loss`): the oracle
+  scales loss / G by S and does not divide the gradients again, so an overflow is seen where
+  the engine sees one (loss·S/G, not loss·S), and 1/S is applied once, at the boundary's step;
 - overflow: any inf/NaN in the reduced gradients, on any rank (`has_overflow`, all-reduced with
   MAX); the step is skipped, the gradients are thrown away, and `update_scale(True)` halves S
   once the hysteresis is used up (`max(S / 2, min_scale)`);
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-SOURCE = ("deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler (scale_loss, update_scale with hysteresis, "
+SOURCE = ("deepspeed/runtime/engine.py backward: loss / gradient_accumulation_steps, then scale_if_loss (× S); "
+          "deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler (scale_loss, update_scale with hysteresis, "
           "scale_window, min_scale) and zero/stage_1_and_2.py step: overflow in the reduced gradients on any rank "
           "skips the step; otherwise grads *= 1/S before the fp32 master step")
 

@@ -89,6 +89,9 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         m("gas-bf16", "mlp", dtype="bfloat16", micro_batches=2, profiles=STANDARD,
           description="bf16 parameters, two micro-batches accumulated per step (an engine's gradient accumulation: "
                       "DeepSpeed's gradient_accumulation_steps with ZeRO 0-3, the PR #5154 / PR #7985 class)"),
+        m("gas-fp16", "mlp", dtype="float16", micro_batches=2, profiles=STANDARD,
+          description="fp16 parameters, two micro-batches accumulated per step (DeepSpeed: the dynamic loss scaler "
+                      "scales loss / gradient_accumulation_steps; an overflow in either micro-batch skips the step)"),
         m("fp64-params", "mlp", dtype="float64", profiles=STANDARD),
         m("hook-allreduce", "mlp", options=WrapOptions(comm_hook="allreduce"), steps=2, profiles=STANDARD),
         m("hook-fp16", "mlp", options=WrapOptions(comm_hook="fp16")),

@@ -10,7 +10,9 @@ float32 round trip shows) and end of life (a `no_sync()` accumulation thrown awa
 They were written after measuring the catalogue against the independent zoo
 (`conformance.mutants.independent.ddp`); each of its bugs shows at 2 ranks, so those are in quick.
 Standard adds the same cells at 3 ranks, and autocast (ambient) combined with `no_sync()`,
-unused parameters, buffers and `join()`.
+unused parameters, buffers and `join()`; since round 9 also the wrapper built under `no_grad()`,
+a comm hook under autocast and under `join()`, reentrant checkpointing under autocast, a bf16
+model through a checkpoint round trip and two round trips in one run.
 """
 
 from __future__ import annotations
@@ -70,5 +72,27 @@ def scenarios(m: Callable[..., Scenario]) -> list[Scenario]:
         m("join-autocast", "mlp", steps=5, features=_f(join=(2, 5), autocast="bfloat16"),
           extra_requires=frozenset({C.JOIN}), clauses=("D10", "D13"), profiles=STANDARD,
           description="join() with rank 0 out first, autocast forwards"),
+        # round 9: the cells round 8 left open (grad mode at construction, a hook and reentrant
+        # checkpointing under autocast, end of life of a low-precision model and of a joined rank's
+        # hook, two round trips in one run)
+        m("wrap-under-no-grad", "mlp", steps=5, features=_f(wrap_under="no_grad"), clauses=("D1",),
+          profiles=STANDARD, description="the wrapper constructed inside torch.no_grad(): the construction "
+                                         "broadcast and the gradient hooks must not depend on grad mode"),
+        m("checkpoint-round-trip-bf16", "mlp", dtype="bfloat16", steps=5, features=_f(save_load_at=2),
+          clauses=("D9", "D15"), profiles=STANDARD,
+          description="bf16 parameters through a save, rebuild and load: they come back in bf16, unrounded"),
+        m("checkpoint-round-trip-twice", "mlp", steps=5, optimizer="adam", features=_f(save_load_at=(2, 4)),
+          clauses=("D15",), profiles=STANDARD,
+          description="two round trips in one run: a wrapper rebuilt from a checkpoint is saved again"),
+        m("autocast-hook", "mlp", steps=5, options=WrapOptions(comm_hook="allreduce"),
+          features=_f(autocast="bfloat16"), clauses=("D12", "D13"), profiles=STANDARD,
+          description="a comm hook (its future's callback runs on another thread) under autocast forwards"),
+        m("join-hook", "mlp", steps=5, options=WrapOptions(comm_hook="allreduce"), features=_f(join=(2, 5)),
+          extra_requires=frozenset({C.JOIN}), clauses=("D10", "D12"), profiles=STANDARD,
+          description="join() with a comm hook: the joined rank's shadow all-reduces run through the hook"),
+        m("ckpt-reentrant-autocast", "ckpt-mlp", steps=5, options=WrapOptions(static_graph=True),
+          features=_f(checkpoint="reentrant", autocast="bfloat16"), clauses=("D13", "D14"), profiles=STANDARD,
+          description="reentrant checkpointing under autocast: the recompute's casts, finalized at the outer "
+                      "backward"),
     ]
     return out

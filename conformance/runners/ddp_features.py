@@ -21,7 +21,14 @@ import torch
 
 from conformance.adapters import registry
 from conformance.adapters.protocol import OptimizerSpec, owned
-from conformance.features import Features, apply_requires_grad, autocast, inputs, model_kwargs
+from conformance.features import (
+    Features,
+    apply_requires_grad,
+    autocast,
+    inputs,
+    model_kwargs,
+    wrapping,
+)
 from conformance.features import optimizer as make_optimizer
 from conformance.models.data import build_model, loss_fn
 from conformance.spec import Expect, Scenario
@@ -77,9 +84,11 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
         model = torch.compile(model, backend=feats.compile_backend)
     if "optimizer" in owned(adapter, scenario):  # protocol v2: the engine builds (and steps) its own optimizer
         spec = OptimizerSpec(scenario.optimizer, lr=feats.lr, clip=feats.clip, micro_batches=scenario.micro_batches)
-        wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
+        with wrapping(feats, ctx.device):
+            wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
     else:
-        wrapped = adapter.wrap(model, ctx, scenario.options)
+        with wrapping(feats, ctx.device):
+            wrapped = adapter.wrap(model, ctx, scenario.options)
     if feats.compile == "model":
         wrapped = _Unprefixed(wrapped)
     if feats.compile == "wrapper":
@@ -172,7 +181,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     try:
         with joining:
             for step in range(own_steps):
-                if feats.save_load_at == step and step > 0:
+                if step > 0 and step in feats.round_trips:
                     fired_before += _fired(wrapped)
                     wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler)
                     if "backward" in owns:  # the rebuilt engine's own backward, not the closed one's

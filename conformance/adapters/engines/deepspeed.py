@@ -311,9 +311,6 @@ def engine_loop_limits(scenario) -> str | None:
                 "the boundary, so a backward cannot be thrown away or split across no_sync() (ZeRO-2/3 refuse no_sync: "
                 "'incompatible with gradient partitioning')")
     mb = driven_micro_batches(scenario)
-    if scenario.dtype == "float16" and mb > 1:
-        return ("fp16 with gradient accumulation: DeepSpeed scales loss/gradient_accumulation_steps, whose overflow "
-                "differs from the oracle's per-gradient division; not modelled")
     if mb & (mb - 1):
         return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
                 "the oracle divides each gradient; the same bits only for powers of two")

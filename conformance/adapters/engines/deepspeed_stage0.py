@@ -141,9 +141,6 @@ class DeepSpeedStage0Adapter:
         if mb & (mb - 1):
             return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
                     "the oracle divides each gradient; the same bits only for powers of two")
-        if scenario.dtype == "float16" and mb > 1:
-            return ("fp16 with gradient accumulation: DeepSpeed scales loss/gradient_accumulation_steps, whose overflow "
-                    "differs from the oracle's per-gradient division; not modelled")
         if scenario.zero_grad == "alternate":
             return "engine.step() clears the gradients itself: zero_grad(set_to_none=False) has no engine equivalent"
         return production_features(scenario, UNSUPPORTED)
