@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from conformance.adapters.ddp_like import DDPLikeWrapped
 from conformance.spec import Capability as C
 
@@ -37,20 +39,30 @@ class FabricWrapped(DDPLikeWrapped):
     def clip_grad_norm_(self, max_norm):
         self.fabric.clip_gradients(self.model, self.optimizer, max_norm=max_norm)
 
+    def checkpoint_state(self):  # what fabric.save(path, {"model": m, "optimizer": o}) writes
+        strategy = self.fabric.strategy
+        return {"model": strategy.get_module_state_dict(self.model),
+                "optimizer": strategy.get_optimizer_state(self.optimizer)}
+
+    def load_checkpoint_state(self, state):  # what fabric.load(path, {...}) does with it
+        self.fabric.strategy.load_module_state_dict(self.model, state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
 
 class FabricAdapter:
     name, area = "lightning-fabric-ddp", "ddp"
-    owns = frozenset({"optimizer", "backward"})
+    owns = frozenset({"optimizer", "backward"})  # owns_for drops "optimizer" for optimizer-less scenarios
+    checkpoint_api = True  # Wrapped.checkpoint_state / load_checkpoint_state
     capabilities = frozenset({C.NO_SYNC, C.BUFFER_BROADCAST, C.FIND_UNUSED, C.BUCKET_CAP,
-                              C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH})
+                              C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH, C.HALF_PRECISION})
 
     def __init__(self):
         import lightning
 
         self.version = lightning.__version__
 
-    def unavailable(self, scenario):
-        return "fabric.setup(model, optimizer) needs an optimizer" if scenario.optimizer == "none" else None
+    def owns_for(self, scenario):  # fabric.setup(model) alone when the scenario has no optimizer
+        return {"backward"} | ({"optimizer"} if scenario.optimizer != "none" else set())
 
     def wrap(self, module, ctx, options, optimizer=None):
         from lightning.fabric import Fabric
@@ -62,10 +74,14 @@ class FabricAdapter:
                           static_graph=options.static_graph, broadcast_buffers=options.broadcast_buffers)
         if options.bucket_cap_mb is not None:
             ddp_kwargs["bucket_cap_mb"] = options.bucket_cap_mb
-        fabric = Fabric(accelerator="cpu", devices=ctx.world_size, strategy=DDPStrategy(**ddp_kwargs))
+        dtype = next(module.parameters()).dtype  # half-precision models train with Fabric's "true" plugins
+        precision = {torch.bfloat16: "bf16-true", torch.float16: "16-true"}.get(dtype, "32-true")
+        fabric = Fabric(accelerator="cpu", devices=ctx.world_size, precision=precision,
+                        strategy=DDPStrategy(**ddp_kwargs))
         fabric.launch()
-        params = [p for p in module.parameters() if p.requires_grad]
-        model, opt = fabric.setup(module, optimizer.build(params))
+        if optimizer is None:
+            return FabricWrapped(fabric, fabric.setup(module), None)
+        model, opt = fabric.setup(module, optimizer.build([p for p in module.parameters() if p.requires_grad]))
         return FabricWrapped(fabric, model, opt)
 
 
