@@ -25,6 +25,15 @@ Protocol v2 (engines that own more than the reducer: DeepSpeed, FairScale OSS,
 - `Adapter.semantics` (or `semantics_for(scenario)`): the rules where the engine legitimately
   differs from torch DDP (conformance.semantics): the oracle models them, the report shows them.
 - `Adapter.unavailable(scenario)`: a reason to skip a scenario that cannot run here.
+- `Adapter.ddp_module = True`: `Wrapped.ddp` is a torch-DDP-like module (its `state_dict`, `join`,
+  `torch.compile` around it); DDP-like adapters have it, others must say so, or the production
+  scenarios that need it (compile-wrapper, join, checkpoint round trip) are skipped.
+- `Adapter.checkpoint_api = True`: the round trip goes through the engine instead:
+  `Wrapped.checkpoint_state()` returns everything to restore, the optimizer's state included
+  (it is `torch.save`d in memory), and `load_checkpoint_state(state)` is called on a fresh wrap.
+- Case ids, and so `--xfails` lines, start with the adapter as given to `--adapter` (e.g.
+  `mymod:factory|ddp/plain/mlp/w2/fp32`); `Adapter.name` is the name in skip reasons. An engine
+  built on torch DDP inherits `conformance/adapters/xfails/torch-ddp.txt`'s known failures.
 
 The loop each DDP-area runner drives (runners/ddp.py; runners/ddp_features.py adds the
 features around the same skeleton), so an adapter author knows when each call happens::
@@ -61,7 +70,7 @@ A worked example (an engine with its own optimizer wrapper and zero-filled unuse
 
         def wrap(self, module, ctx, options, optimizer=None):
             engine = my_engine.DDP(module, process_group=ctx.group)
-            wrapped = DDPLikeWrapped(engine)
+            wrapped = DDPLikeWrapped(engine)  # calls engine; reads grads/params from engine.module
             wrapped.optimizer = my_engine.ShardedOptimizer(module.parameters(), optimizer.build)
             return wrapped
 
