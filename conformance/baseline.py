@@ -51,6 +51,7 @@ from conformance.semantics import (
     Buffers,
     ConstructionSync,
     MidAccumulation,
+    MixedAccumulation,
     Precision,
     Semantics,
     Unused,
@@ -175,6 +176,7 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
         local: list[Grads] = [dict(carried) for _ in range(W)]
         reduced_each = sem.mid_accumulation == MidAccumulation.REDUCED
         rs_only = scenario.options.accumulate_reduce_scattered  # HSDP: the tree of conformance.envelope.staged_reduce
+        low_sum = baseline_mixed.applies(scenario) and sem.mixed_accumulation == MixedAccumulation.PARAM_DTYPE
         micro_shares: list[list[Grads]] = []  # per micro-batch, every rank's own gradient (REDUCED)
         for micro in range(scenario.micro_batches):
             micro_shares.append([{} for _ in range(W)])
@@ -202,7 +204,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 else:
                     grads = [None] * len(params)
                 for (name, _), g in zip(named, grads, strict=True):
-                    g = baseline_mixed.to_reduce_dtype(dense(g), scenario)
+                    # Declared: a no_sync() sum kept in param_dtype is cast to reduce_dtype only at the reduction.
+                    g = dense(g) if low_sum else baseline_mixed.to_reduce_dtype(dense(g), scenario)
                     if mean and g is not None and scaler is None:
                         g = g / scenario.micro_batches
                     local[rank][name] = _add(local[rank][name], g)
@@ -228,7 +231,9 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                     avg = comm.reduce(local) if comm is not None else (
                         reduced_per_micro_batch(micro_shares, W, rule) if reduced_each else
                         reduce_scattered_per_micro_batch(micro_shares, W, scenario.options.hsdp_replicas, rule)
-                        if rs_only else average(local, W, rule))
+                        if rs_only else average(local, W, rule) if not low_sum else
+                        average([{n: baseline_mixed.to_reduce_dtype(g, scenario) for n, g in grads.items()}
+                                 for grads in local], W, rule))
                 if baseline_mixed.applies(scenario):  # the reduced gradient cast back to the masters' dtype
                     avg = {n: baseline_mixed.to_master_dtype(avg[n], p.dtype) for n, p in named}
                 if sem.unused == Unused.ZEROS:

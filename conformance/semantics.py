@@ -76,6 +76,23 @@ class Precision(str, enum.Enum):
     # fp32 master copies: the half-precision gradient, cast to fp32, steps an fp32 copy of each
     # parameter, which is then cast back (DeepSpeed's bf16 optimizer without loss scaling)
     FP32_MASTER = "fp32-master"
+    # fp32 masters, and every micro-batch's half-precision gradient added into a per-rank fp32
+    # accumulator that is then reduced in fp32 (DeepSpeed BF16_Optimizer: bf16 + ZeRO-1 +
+    # data_types.grad_accum_dtype fp32)
+    FP32_MASTER_FP32_ACCUMULATION = "fp32-master-fp32-accumulation"
+
+
+class MixedAccumulation(str, enum.Enum):
+    """Under a sharded mixed-precision policy (compute in ``param_dtype``, reduce in a wider
+    ``reduce_dtype``): the dtype a gradient accumulated inside ``no_sync()`` is kept in until the
+    synced backward reduces it (`conformance.baseline` models the declared one exactly)."""
+
+    # FSDP2 (FSDPParam.to_accumulated_grad_if_needed / accumulate_unsharded_grad_if_needed) and
+    # refimpl ZeRO-3: each micro-batch's gradient cast to reduce_dtype, the running sum kept there
+    REDUCE_DTYPE = "reduce-dtype"
+    # FSDP1: autograd's running sum in the flat parameter's param_dtype .grad (its post-backward
+    # hook returns before the cast when not syncing), cast to reduce_dtype once at the synced backward
+    PARAM_DTYPE = "param-dtype"
 
 
 class Unused(str, enum.Enum):
@@ -108,6 +125,8 @@ class Semantics:
     unused: Unused = Unused.NONE
     scaling: Scaling = Scaling.PRE
     precision: Precision = Precision.PARAMS
+    # No torch DDP counterpart (its scenarios have no param_dtype policy): FSDP2's rule is the default.
+    mixed_accumulation: MixedAccumulation = MixedAccumulation.REDUCE_DTYPE
     lossy: Tolerance | None = None
     # Lossy communication the oracle simulates exactly (conformance.powersgd_oracle.PowerSGDConfig):
     # no bound, the algorithm itself, run over the ranks' gradients with the engine's state and seeds.
@@ -124,11 +143,14 @@ class Semantics:
         """Every declared rule that differs from torch DDP's, as `name: ours (torch DDP: theirs)`."""
         out = []
         for f in fields(self):
-            if f.name in ("sources", "lossy", "communication", "clipping", "loss_scaler"):
+            if f.name in ("sources", "lossy", "communication", "clipping", "loss_scaler", "mixed_accumulation"):
                 continue
             ours, theirs = getattr(self, f.name), getattr(TORCH_DDP, f.name)
             if ours != theirs:
                 out.append(f"{f.name}: {ours.value} (torch DDP: {theirs.value})")
+        if self.mixed_accumulation != MixedAccumulation.REDUCE_DTYPE:
+            out.append(f"no_sync() accumulation under a mixed-precision policy: in {self.mixed_accumulation.value} "
+                       "(FSDP2: reduce-dtype)")
         if self.loss_scaler is not None:
             out.append(f"loss scaling: {self.loss_scaler.describe()}")
         if self.clipping is not None:

@@ -323,6 +323,18 @@ class TorchFSDP:
                               C.CPU_OFFLOAD, C.MIXED_PRECISION})
     version = torch.__version__
 
+    def semantics_for(self, scenario: Scenario):
+        """Under a mixed-precision policy FSDP1 keeps a no_sync() sum in param_dtype: its post-backward
+        hook returns before casting to reduce_dtype when not syncing (torch/distributed/fsdp/_runtime_utils.py,
+        ``_post_backward_hook``), so autograd adds the micro-batches in the bf16 flat gradient."""
+        if not scenario.options.param_dtype:
+            return None
+        from conformance.semantics import MixedAccumulation, Semantics
+
+        return Semantics(mixed_accumulation=MixedAccumulation.PARAM_DTYPE,
+                         sources=("torch/distributed/fsdp/_runtime_utils.py: _post_backward_hook returns when "
+                                  "not _sync_gradients, before flat_param.grad.to(handle._reduce_dtype)",))
+
     def wrap(self, module: nn.Module, ctx, options: WrapOptions) -> FSDPWrapped:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

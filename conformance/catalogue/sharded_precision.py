@@ -81,6 +81,13 @@ def mixed_precision_scenarios() -> list[Scenario]:
         m("mp-bf16-reduce-bf16", "mlp", "bfloat16", profiles=STANDARD,
           description="MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16): the sum rounded in bf16, cast back"),
         m("mp-bf16-reduce-bf16", "mlp", "bfloat16", w=4, profiles=STANDARD),  # root only: FSDP1 runs it too
+        # Inside no_sync(): the local sum of bf16 micro-batch gradients is kept in reduce_dtype (FSDP2,
+        # refimpl) or in param_dtype (FSDP1), declared (conformance.semantics.MixedAccumulation) and
+        # modelled exactly; three micro-batches, so a bf16 running sum rounds twice.
+        m("mp-bf16-reduce-fp32-no-sync", "mlp", "float32", micro_batches=3, profiles=STANDARD,
+          description="MixedPrecisionPolicy(bf16, reduce fp32) inside no_sync(): the local sum of three micro-batches "
+                      "in the declared dtype, reduced in fp32"),
+        m("mp-bf16-reduce-fp32-no-sync", "mlp", "float32", w=4, micro_batches=2, profiles=STANDARD),
     ]
 
 

@@ -77,22 +77,27 @@ class ReplicaReduce:
                 held = self.partials.get(id(q))
                 self.partials[id(q)] = (q, chunk if held is None else held[1].add_(chunk))
             return
-        out = []
+        out, accumulated = [], False
         for q, chunk in pending:
             held = self.partials.pop(id(q), None)
+            accumulated |= held is not None
             out.append((q, chunk if held is None else chunk.add_(held[1])))
-        if rest:
+        if rest and self.partials:
             out += sorted(self.partials.values(), key=lambda e: e[0].order)
-            self.partials = {}
+            self.partials, accumulated = {}, True
         by_dtype: dict[torch.dtype, list[tuple[object, Tensor]]] = {}
         for q, chunk in out:
             by_dtype.setdefault(chunk.dtype, []).append((q, chunk))
         for entries in by_dtype.values():
             flat = torch.cat([c.reshape(-1) for _, c in entries])
-            dist.all_reduce(flat, group=self.group)
+            self.all_reduce_flat(flat, accumulated)
             offset = 0
             for _, c in entries:
                 c.copy_(flat[offset:offset + c.numel()].view_as(c))
                 offset += c.numel()
         for q, chunk in out:
             accumulate(q, chunk)
+
+    def all_reduce_flat(self, flat: Tensor, accumulated: bool) -> None:
+        """Sum ``flat`` across replicas (``accumulated``: it carries partials; the zoo's hook)."""
+        dist.all_reduce(flat, group=self.group)
