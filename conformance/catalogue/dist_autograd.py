@@ -76,6 +76,8 @@ KIND_CLAUSES = {
     "local-only": ("A3",), "rref-twice": ("A12",), "async-single": ("A10",), "retain-graph-simple": ("A5",),
     "roots-twice": ("A6",), "async-structures": ("A9", "A10"), "sparse-twice": ("A2", "A13"),
     "accumulate-hooks-retained": ("A5", "A17"), "tensor-free-single": ("A15",),
+    "chain-structures": ("A9", "A11"), "rref-arg": ("A12",), "torchscript-async": ("A10", "A14"),
+    "tensor-free-twice": ("A15",), "retain-graph-structures": ("A5", "A9"), "shared-grad-retained": ("A5", "A16"),
 }
 CLAUSE_SCENARIOS = [
     make("async", 3, STANDARD, seed=2, description="two rpc_async calls in flight at once (A10 in standard)")
@@ -133,4 +135,16 @@ def issue30_scenarios() -> list[Scenario]:
              "still sparse"),
         make("accumulate-hooks-retained", 2, STANDARD, description="an AccumulateGrad hook over 3 passes (2 "
              "retained): it runs once per pass"),
+        # round 9: the inputs cells of A5, A11, A12 and the how-often cells of A14, A15, A16
+        make("retain-graph-structures", 2, STANDARD, description="3 passes (2 retained) over nested arguments "
+             "and results: 3x"),
+        make("chain-structures", 3, STANDARD, description="A -> B -> C with nested containers at both hops"),
+        make("rref-arg", 3, STANDARD, description="an RRef passed to an RPC on a third worker, fetched there "
+             "from its owner"),
+        make("torchscript-async", 2, STANDARD, description="a TorchScript target through rpc_async and "
+             "rpc_sync in one context"),
+        make("tensor-free-twice", 2, STANDARD, description="two tensor-free calls to the only callee: its "
+             "context released"),
+        make("shared-grad-retained", 2, STANDARD, description="one tensor returned for two leaves, over 3 passes "
+             "(2 retained): each leaf's buffer its own every pass"),
     ]

@@ -371,8 +371,60 @@ COMPOSITIONS.update({
     "sparse-twice": sparse_twice, "accumulate-hooks-retained": accumulate_hooks,
 })
 LEAVES.update({"sparse-twice": ("x", "w", "s")})
+
+
+# round 9: the cells round 8 left open (inputs of A5, A11, A12; how often for A14, A15, A16)
+def hop_structures(mode, seed, pair, named):
+    """On worker1: nested arguments in, nested arguments on to worker2, a nested result back."""
+    a, b = pair
+    h = a * 2 + param(mode, seed, "b1")
+    out = call(mode, "worker2", nested_structures, ((h, b), [a], {"t": named["t"]}))
+    prod, (s,) = out["prod"]
+    return {"h": [h], "z": (prod * s + out["cos"],)}
+
+
+def chain_structures(mode, seed, L):
+    """A -> B -> C with nested containers at both hops (A11's inputs)."""
+    x, w = L["x"], L["w"]
+    out = call(mode, "worker1", hop_structures, (mode, seed, (x, w), {"t": w * 3}))
+    return [(out["z"][0] * out["h"][0]).sum()]
+
+
+def fetch_scaled(rref, w):
+    """On a worker that does not own `rref`: fetch it (RRef.to_here) and compute with it."""
+    return rref.to_here() * w
+
+
+def rref_arg(mode, seed, L):
+    """An RRef passed as an argument to an RPC on a third worker, which fetches it from its
+    owner: the gradient flows back through both the fetch and the call (A12's inputs)."""
+    rref = remote(mode, "worker1", torch.mul, (L["x"], L["w"]))
+    y = call(mode, "worker2", fetch_scaled, (rref, L["w"]))
+    return [(y * L["x"]).sum()]
+
+
+def torchscript_async(mode, seed, L):
+    """A TorchScript target through rpc_async and rpc_sync in one context (A14: the target is called twice)."""
+    f = call_async(mode, "worker1", script_mul_add, (L["x"], L["w"]))
+    y = call(mode, "worker1", script_mul_add, (L["w"], L["x"]))
+    return [(f.wait() * y).sum()]
+
+
+def tensor_free_twice(mode, seed, L):
+    """Two tensor-free calls to the only callee (A15: how often): its context is released once."""
+    n = call(mode, "worker1", torch.ones, (SHAPE,))
+    m = call(mode, "worker1", torch.full, (SHAPE, 2.0))
+    return [(L["x"] * L["w"] * n * m).sum()]
+
+
+COMPOSITIONS.update({
+    "chain-structures": chain_structures, "rref-arg": rref_arg, "torchscript-async": torchscript_async,
+    "tensor-free-twice": tensor_free_twice, "retain-graph-structures": structures,
+    "shared-grad-retained": shared_grad,
+})
 # passes: all but the last with retain_graph=True
-RETAINED = {"retain-graph": 4, "retain-graph-simple": 3, "accumulate-hooks-retained": 3}
+RETAINED = {"retain-graph": 4, "retain-graph-simple": 3, "accumulate-hooks-retained": 3,
+            "retain-graph-structures": 3, "shared-grad-retained": 3}
 
 
 def passes(kind: str) -> int:
