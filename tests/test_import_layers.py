@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                                 "conformance.envelope", "conformance.anchor", "conformance.shards",
                                                 "conformance.clip_bound", "conformance.replica_oracle",
                                                 "conformance.accumulation", "conformance.deepspeed_clip",
-                                                "conformance.loss_scaler",
+                                                "conformance.loss_scaler", "conformance.allreduce_order",
                                                 "conformance.failure",
                                                 "conformance.baseline_events")),
     ("catalogue", ("conformance.catalogue",)),
