@@ -6,7 +6,8 @@
   this rank's shards as backward ends.
 * ``optimizer`` — ``ShardedOptimizer``: steps this rank's shards, all-gathers the parameters.
 * ``zero3``    — ``FullyShardedDataParallel`` (ZeRO-3): parameters sharded too, all-gathered
-  per unit for its forward and backward, a ``MixedPrecisionPolicy``, full and sharded state dicts.
+  per unit for its forward and backward, a ``MixedPrecisionPolicy`` (``precision``), full and
+  sharded state dicts, HSDP: sharded within a group, replicated across groups (``hsdp``).
 * ``checkpoint`` — state dicts of both engines (and their optimizers) that
   ``torch.distributed.checkpoint`` saves and loads: shards as DTensors, or full tensors.
 """
