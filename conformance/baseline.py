@@ -138,7 +138,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
     optimizer = make_optimizer(scenario.optimizer, params)
     # Declared fp32 master weights: the optimizer steps fp32 copies, the parameters get them cast back.
     master = None
-    if sem.precision == Precision.FP32_MASTER and scenario.dtype in ("bfloat16", "float16"):
+    if sem.precision in (Precision.FP32_MASTER, Precision.FP32_MASTER_FP32_ACCUMULATION) and scenario.dtype in (
+            "bfloat16", "float16"):
         master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
         optimizer = make_optimizer(scenario.optimizer, master)
     # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
@@ -208,6 +209,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                     g = dense(g) if low_sum else baseline_mixed.to_reduce_dtype(dense(g), scenario)
                     if mean and g is not None and scaler is None:
                         g = g / scenario.micro_batches
+                    if g is not None and sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:
+                        g = g.float()  # declared: added into the rank's fp32 accumulator
                     local[rank][name] = _add(local[rank][name], g)
                     micro_shares[-1][rank][name] = g
                 after_forward.append(buffers())
@@ -225,6 +228,9 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 avg = {n: None for n, _ in named}
                 baseline.events.append(Expected("backward", step, micro, True, [None] * W))
             elif synced:
+                if sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:  # declared: the fp32 sums are cast to
+                    half = getattr(torch, scenario.dtype)  # the parameters' dtype to be reduced (communication_data_type)
+                    local = [{n: None if g is None else g.to(half) for n, g in grads.items()} for grads in local]
                 if first_step and step == 0:
                     avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
                 else:

@@ -38,6 +38,7 @@ ENGINE_ADAPTERS: dict[str, str] = {
     "pfn-ddp": "conformance.adapters.engines.pfn:pfn_ddp",
     "deepspeed-zero0": "conformance.adapters.engines.deepspeed_stage0:deepspeed_zero0",
     "deepspeed-zero1": "conformance.adapters.engines.deepspeed:deepspeed_zero1",
+    "deepspeed-zero1-fp32acc": "conformance.adapters.engines.deepspeed_bf16_optimizer:deepspeed_zero1_fp32acc",
     "deepspeed-zero2": "conformance.adapters.engines.deepspeed:deepspeed_zero2",
     "deepspeed-zero3": "conformance.adapters.engines.deepspeed:deepspeed_zero3",
     "deepspeed-zero3-sharded": "conformance.adapters.engines.deepspeed_sharded:deepspeed_zero3_sharded",

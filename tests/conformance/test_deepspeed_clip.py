@@ -160,3 +160,26 @@ def test_beyond_two_ranks_every_order_of_the_partial_norms_is_within_the_derived
             assert within(_clipped_sgd_step(grads, replay, max_norm, W)), (seed, order)
         monkeypatch.setattr(deepspeed_clip, "_allreduce_sum", lambda parts: parts[0])  # the local norm
         assert not within(_clipped_sgd_step(grads, replay, max_norm, W)), seed
+
+
+def test_the_bf16_optimizer_variant_runs_bf16_only_accumulates_in_fp32_and_reduces_in_bf16():
+    """deepspeed-zero1-fp32acc (PR #7985's configuration): between boundaries each rank's own fp32 running
+    sum, at the boundary the average of the sums cast to bf16 (DeepSpeed's communication_data_type)."""
+    from conformance.baseline import compute
+    from conformance.envelope import reference
+
+    adapter = _planned("deepspeed-zero1-fp32acc")
+    assert "bf16 parameters only" in adapter.unavailable(ddp.make("plain", "mlp"))
+    gas = ddp.make("gas-bf16", "mlp", dtype="bfloat16", micro_batches=2)
+    assert adapter.unavailable(gas) is None and owned(adapter, gas) == {"optimizer", "backward"}
+    sem = adapter.semantics_for(gas)
+    assert sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION and sem.accumulation == Accumulation.MEAN
+    ours = [e for e in compute(gas, sem).events if e.kind == "backward"]
+    bf16 = [e for e in compute(gas, _planned("deepspeed-zero1").semantics_for(gas)).events if e.kind == "backward"]
+    for mine, theirs in zip(ours, bf16, strict=True):
+        for name, value in mine.per_rank[0].items():
+            value, other = reference(value), reference(theirs.per_rank[0][name])
+            if mine.synced:
+                assert value.dtype == torch.bfloat16, name
+            else:  # the rank's fp32 accumulator, not the bf16 gradient
+                assert value.dtype == torch.float32 and torch.equal(value, other.float()), name

@@ -218,6 +218,8 @@ class DeepSpeedAdapter:
     area = "ddp"
     owns = frozenset({"optimizer"})
     checkpoint_api = True  # engine.save_checkpoint / load_checkpoint (Wrapped.checkpoint_state)
+    extra_config: dict = {}  # a configuration variant's keys (deepspeed_bf16_optimizer)
+    loop_wrapped = DeepSpeedEngineLoopWrapped
 
     def __init__(self, stage: int):
         self.stage = stage
@@ -276,8 +278,9 @@ class DeepSpeedAdapter:
             "zero_allow_untested_optimizer": True,
             "zero_optimization": {"stage": self.stage},
             **precision_config(dtype),
+            **self.extra_config,
         })
-        wrapped = DeepSpeedEngineLoopWrapped(engine, self.stage) if loop else DeepSpeedWrapped(engine, ds_optimizer, self.stage)
+        wrapped = self.loop_wrapped(engine, self.stage) if loop else DeepSpeedWrapped(engine, ds_optimizer, self.stage)
         wrapped.group = ctx.group
         return wrapped
 
