@@ -4,6 +4,7 @@ loaded/idle wall-time ratio, measured side by side in one run.
     python benchmarks/soak.py                       # standard profile, torch-ddp + refimpl-ddp, 3 loaded rounds
     python benchmarks/soak.py --quick               # quick profile, 1 loaded round (a smoke run)
     python benchmarks/soak.py --tests               # also the README's test command (pytest tests -n 2) under load
+    python benchmarks/soak.py --profile full --adapter refimpl-zero3 --adapter torch-fsdp2 -k w8   # 8-rank pools
 
 Both adapters are correct engines and their known upstream failures are strict xfails, so every
 `failed`, `error` or `xpassed` case is a *false failure*: the harness mistook load for a bug.
@@ -59,13 +60,15 @@ class Load:
         return False
 
 
-def run_suite(profile: str, adapters, workers: str | None) -> dict:
+def run_suite(profile: str, adapters, workers: str | None, keyword: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="gradparity-soak-") as tmp:
         cmd = [sys.executable, "-m", "conformance.cli", "run", "--profile", profile, "--report-dir", tmp]
         for a in adapters:
             cmd += ["--adapter", a]
         if workers:
             cmd += ["-n", workers]
+        if keyword:
+            cmd += ["-k", keyword]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -99,6 +102,7 @@ def main() -> int:
     parser.add_argument("--load", type=int, default=2 * (os.cpu_count() or 1), help="busy processes (default 2 x cores)")
     parser.add_argument("--tests", action="store_true", help="also run `pytest tests -n 2 --dist loadgroup` under load")
     parser.add_argument("--quick", action="store_true", help="quick profile, one loaded round")
+    parser.add_argument("-k", dest="keyword", default=None, help="only cases matching this pytest -k expression")
     args = parser.parse_args()
     if args.quick:
         args.profile, args.rounds = "quick", 1
@@ -113,14 +117,14 @@ def main() -> int:
         for line in row["false"]:
             print(f"    FALSE FAILURE {line}", flush=True)
 
-    print(f"soak: profile {args.profile}, adapters {', '.join(adapters)}, load {args.load} busy processes on "
+    print(f"soak: profile {args.profile}{f' -k {args.keyword!r}' if args.keyword else ''}, adapters {', '.join(adapters)}, load {args.load} busy processes on "
           f"{os.cpu_count()} cores, {args.rounds} loaded round(s)", flush=True)
-    idle = run_suite(args.profile, adapters, args.workers)
+    idle = run_suite(args.profile, adapters, args.workers, args.keyword)
     report("idle", idle)
     loaded = []
     for i in range(args.rounds):
         with Load(args.load):
-            loaded.append(run_suite(args.profile, adapters, args.workers))
+            loaded.append(run_suite(args.profile, adapters, args.workers, args.keyword))
         report(f"loaded {i + 1}", loaded[-1])
     tests = None
     if args.tests:

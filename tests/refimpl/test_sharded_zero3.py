@@ -96,6 +96,30 @@ def _mixed_precision(rank, world_size):
     return dtypes, worst, {n: p.dtype for n, p in z3.full_parameters().items()}
 
 
+def _mixed_precision_no_sync(rank, world_size):
+    """Inside no_sync() the local sum is kept in reduce_dtype (fp32), out of the bf16 p.grad;
+    zero_grad() drops it (refimpl/sharded/precision.py)."""
+    net = Net(rank)
+    z3 = FullyShardedDataParallel(net, units=[net.a], mixed_precision=MixedPrecisionPolicy(torch.bfloat16, torch.float32))
+    opt = z3.make_optimizer(torch.optim.SGD, lr=0.1)
+    with z3.no_sync():
+        for k in (1, 2, 3):
+            (z3(_x(0, rank, k)) ** 2).mean().backward()
+    held = {q.name: q.acc for q in z3._params}
+    grads_in_param = [q.param.grad for q in z3._params]
+    low = Net(0).to(torch.bfloat16)  # rank 0's parameters everywhere: the same sum in fp32 by hand
+    low.load_state_dict({k: v.to(torch.bfloat16) for k, v in Net(0).state_dict().items()})
+    want = {}
+    for k in (1, 2, 3):
+        low.zero_grad()
+        (low(_x(0, rank, k).to(torch.bfloat16)) ** 2).mean().backward()
+        for n, p in low.named_parameters():
+            want[n] = p.grad.float() if n not in want else want[n] + p.grad.float()
+    opt.zero_grad()
+    cleared = all(q.acc is None for q in z3._params)
+    return ({n: (t.dtype, torch.equal(t, want[n])) for n, t in held.items()}, grads_in_param, cleared)
+
+
 def _state_dicts_and_clip(rank, world_size):
     net = Net(rank)
     z3 = FullyShardedDataParallel(net, units=[net.c])
@@ -194,6 +218,14 @@ def test_mixed_precision_reduces_bf16_gradients_in_fp32():
         assert set(param_dtypes.values()) == {torch.float32}
         # bf16 forward/backward on both sides with the same kernels; only the fp32 sum differs
         assert worst <= 1e-6, worst
+
+
+@_one_worker
+def test_mixed_precision_no_sync_sum_is_kept_in_reduce_dtype():
+    for held, grads_in_param, cleared in run_world(_mixed_precision_no_sync, 2, timeout=120):
+        assert held and all(v == (torch.float32, True) for v in held.values()), held
+        assert grads_in_param == [None] * len(grads_in_param)  # moved out of the bf16 p.grad
+        assert cleared
 
 
 @_one_worker
