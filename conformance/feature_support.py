@@ -27,7 +27,7 @@ import functools
 
 from conformance.adapters.protocol import owned
 from conformance.features import Features
-from conformance.semantics import Buffers, declared
+from conformance.semantics import Buffers, Precision, declared
 
 
 @functools.cache
@@ -64,6 +64,9 @@ def unsupported(adapter, scenario) -> str | None:
     if feats.join and not ddp_module(adapter):
         return "join() is torch DDP's context manager on the wrapper (adapter.ddp_module)"
     sem = declared(adapter, scenario)
+    if sem.precision != Precision.PARAMS and scenario.dtype in ("float16", "bfloat16"):
+        return (f"the production-training oracle does not model the declared precision '{sem.precision.value}' "
+                "(fp32 master weights) yet")
     if sem.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY) and has_buffers(scenario):
         return f"the production-training oracle does not model the declared buffer rule '{sem.buffers.value}' yet"
     return None
