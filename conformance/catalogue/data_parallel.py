@@ -199,4 +199,11 @@ def issue30_scenarios() -> list[Scenario]:
              profiles=STANDARD, description="scatter and gather along dim 1 under torch.autocast(bfloat16)"),
         make("autocast-frozen", "frozen", w=2, switches={"autocast": True}, tolerance=autocast[2], exact_data=True,
              profiles=STANDARD, description="a frozen layer under torch.autocast(bfloat16): its grad stays None"),
+        # round 9: per-replica scalars under autocast (D14), BatchNorm's train-mode update under no_grad (D9)
+        make("autocast-scalar-out", "scalar-out", w=2, switches={"autocast": True}, tolerance=autocast[2],
+             exact_data=True, profiles=STANDARD,
+             description="0-dim outputs under torch.autocast(bfloat16): one entry per replica, in their dtype"),
+        make("bn-train-no-grad", "cnn-bn-train", w=2, batch=8, exact_data=False, switches={"no_grad": True},
+             profiles=STANDARD, description="a train-mode BatchNorm called under torch.no_grad(): replica 0's "
+             "running-statistics update still wins"),
     ]
