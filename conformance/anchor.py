@@ -46,6 +46,8 @@ class Anchor:
                     self._buffers.setdefault(step, [None] * world_size)[rank] = event.get("buffers")
                 elif event.get("kind") == "backward" and event.get("synced") and values is not None:
                     self._grads.setdefault(step, values)
+        # The backend's all-reduce order, probed by the ranks (Wrapped.allreduce_probe; the same on every rank).
+        self.allreduce_probe = (records.get(0) or {}).get("allreduce_probe")
 
     def params_before(self, step: int) -> dict[str, Tensor] | None:
         """The parameters the engine holds entering `step` (None at step 0 or past the record)."""

@@ -143,7 +143,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
         master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
         optimizer = make_optimizer(scenario.optimizer, master)
     # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
-    comm = sem.communication.simulator(scenario, named) if sem.communication is not None else None
+    probed = anchor.allreduce_probe if anchor is not None else None  # the backend's order (3+ ranks)
+    comm = sem.communication.simulator(scenario, named, probed) if sem.communication is not None else None
     # Declared dynamic loss scaling inside the engine's backward (DeepSpeed fp16): replayed step by step.
     scaler = sem.loss_scaler.start() if sem.loss_scaler is not None else None
     skipped = False

@@ -107,7 +107,8 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
     comm = None
     if semantics.communication is not None:
-        comm = semantics.communication.simulator(scenario, [(n, p) for n, p in model.named_parameters() if p.requires_grad])
+        comm = semantics.communication.simulator(scenario, [(n, p) for n, p in model.named_parameters() if p.requires_grad],
+                                                 anchor.allreduce_probe if anchor is not None else None)
     clip = ClipBound(feats.clip, opt) if opt is not None and clip_applies(scenario, semantics, feats) else None
     for step in range(feats.total_steps(scenario)):
         bounds = None

@@ -25,12 +25,15 @@ and the engine must reproduce it:
 - `fp16_compress_wrapper` / `bf16_compress_wrapper`: the bucket cast to the half dtype first;
   everything above runs in it (the error buffers too) and the result is cast back.
 
-The same kernels on the same shapes run here as on each rank, and a sum of two terms does not
-depend on the order: at 2 ranks the result is bitwise torch's (tests/conformance/
-test_powersgd_oracle.py: every step of powerSGD_hook, fp16_compress_wrapper, batched same-shape
-tensors, rank 2 without warm start). With more ranks the backend sums P, Q and the uncompressed
-part in its own order and that rounding passes through the orthogonalization: the adapter skips
-those scenarios until a derived envelope exists (no blanket band).
+The same kernels on the same shapes run here as on each rank, and every all-reduce (the warm-up
+buckets, P, Q, the uncompressed part) is added in the backend's own order: a sum of two terms has
+one order, and at 3+ ranks the order each element is summed in is the one discovered on the
+engine's own process group (`conformance.allreduce_order`: crafted probe all-reduces of every
+length the hook reduces, run by the ranks after training and recorded). No envelope of orders
+survives the orthogonalization, but a known order needs none: the result is bitwise torch's at
+2, 3 and 4 ranks (tests/conformance/test_powersgd_oracle.py: every step of powerSGD_hook,
+fp16_compress_wrapper, batched same-shape tensors, rank 2 without warm start, and three broken
+hooks). Without a recorded probe at 3+ ranks the simulation refuses to judge (no rank-order guess).
 """
 
 from __future__ import annotations
@@ -68,8 +71,48 @@ class PowerSGDConfig:
                 f"{self.start_powerSGD_iter}, error feedback {self.use_error_feedback}, warm start {self.warm_start}, "
                 f"min_compression_rate {self.min_compression_rate}, seed {self.random_seed})")
 
-    def simulator(self, scenario, named) -> PowerSGDSimulator:
-        return PowerSGDSimulator(self, scenario, named)
+    def simulator(self, scenario, named, probed: dict | None = None) -> PowerSGDSimulator:
+        """`probed`: the ranks' probe all-reduces (`conformance.allreduce_order.probe`), needed at 3+ ranks."""
+        return PowerSGDSimulator(self, scenario, named, probed)
+
+    def rule(self):
+        """How the engine is judged against the simulation: bitwise (the backend's order is replayed)."""
+        from conformance.spec import Tolerance
+
+        return Tolerance(True, reason="PowerSGD simulated with every all-reduce in the backend's summation order "
+                                      "(order-free at 2 ranks, probed on the engine's process group beyond)")
+
+    def allreduce_sizes(self, buckets: list[list[tuple[int, ...]]], dtype: torch.dtype) -> set[tuple[int, str]]:
+        """(length, dtype name) of every all-reduce the hook issues for buckets of these parameter
+        shapes: the whole bucket (warm-up), and once compressing P, Q and the uncompressed part."""
+        dtype = HALF.get(self.compress, dtype)
+        name = str(dtype).removeprefix("torch.")
+        out = set()
+        for shapes in buckets:
+            numel = sum(math.prod(shape) for shape in shapes)
+            out.add((numel, name))
+            if self.batched_hook:
+                out.add((math.ceil(math.sqrt(numel)) * self.matrix_approximation_rank, name))
+                continue
+            _, plain, p_size, q_size = _split(self, [torch.Size(shape) for shape in shapes])
+            out |= {(sum(math.prod(shapes[i]) for i in plain), name), (p_size, name), (q_size, name)}
+        return {(n, name) for n, name in out if n > 0}
+
+
+def _split(cfg: PowerSGDConfig, shapes: list[torch.Size]) -> tuple[list[int], list[int], int, int]:
+    """torch's `_should_compress` over a bucket: (compressed, uncompressed, P length, Q length)."""
+    compress, plain = [], []
+    p_size = q_size = 0
+    for i, shape in enumerate(shapes):
+        rows, cols = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
+        rank = min(rows, cols, cfg.matrix_approximation_rank)
+        if (rows + cols) * rank * cfg.min_compression_rate < rows * cols:
+            compress.append(i)
+            p_size += rows * rank
+            q_size += cols * rank
+        else:
+            plain.append(i)
+    return compress, plain, p_size, q_size
 
 
 def _orthogonalize(matrices: Tensor, epsilon: float = 0) -> None:
@@ -86,16 +129,13 @@ def _orthogonalize(matrices: Tensor, epsilon: float = 0) -> None:
         torch.linalg.qr(matrices, out=(matrices, torch.empty(matrices.shape[0], rank, rank, dtype=matrices.dtype)))
 
 
-def _sum(tensors: list[Tensor]) -> Tensor:
-    """The all-reduce: ranks' tensors added in rank order."""
-    out = tensors[0].clone()
-    for t in tensors[1:]:
-        out += t
-    return out
+def bucket_layout(scenario, named: list[tuple[str, Tensor]], ready_order: list[str],
+                  initial: bool = False) -> list[list[str]]:
+    """DDP's buckets (parameter names, in bucket order) after the rebuild, as the reducer forms them;
+    `initial`: iteration 0's, before it (one bucket of every parameter in registration order where
+    the reducer rebuilds: a layout the element-wise sum hides at 2 ranks, not at 3 with gloo's order)."""
+    import sys
 
-
-def bucket_layout(scenario, named: list[tuple[str, Tensor]], ready_order: list[str]) -> list[list[str]]:
-    """DDP's buckets (parameter names, in bucket order) after the rebuild, as the reducer forms them."""
     from refimpl._torch_compat import ddp_bucket_assignment, ddp_first_bucket_bytes
 
     opts = scenario.options
@@ -105,7 +145,10 @@ def bucket_layout(scenario, named: list[tuple[str, Tensor]], ready_order: list[s
     params = [p for _, p in named]
     names = [n for n, _ in named]
     rebuilds = opts.static_graph or not opts.find_unused_parameters
-    if rebuilds:
+    if rebuilds and initial:
+        buckets, _ = ddp_bucket_assignment(params, [sys.maxsize], [False] * len(params))
+        buckets = list(reversed(buckets))
+    elif rebuilds:
         index = {n: i for i, n in enumerate(names)}
         order = [n for n in ready_order if n in index] + [n for n in names if n not in ready_order]
         buckets, _ = ddp_bucket_assignment(
@@ -139,30 +182,47 @@ class PowerSGDSimulator:
     """One PowerSGDState per rank (error buffers per rank; P/Q memory and rng are the same on
     every rank after each all-reduce, so they are kept once)."""
 
-    def __init__(self, cfg: PowerSGDConfig, scenario, named: list[tuple[str, Tensor]]):
+    def __init__(self, cfg: PowerSGDConfig, scenario, named: list[tuple[str, Tensor]], probed: dict | None = None):
         import numpy as np
 
+        from conformance.allreduce_order import discover_all
+
         self.cfg, self.W = cfg, scenario.world_size
+        if self.W > 2 and not probed:
+            raise ValueError(f"{scenario.id}: at {self.W} ranks the PowerSGD simulation needs the backend's summation "
+                             "order, probed by the ranks (Wrapped.allreduce_probe); the record has none")
+        self.orders = discover_all(self.W, probed)
         self.shapes = {n: p.shape for n, p in named}
         self.buckets = bucket_layout(scenario, named, ready_order(scenario))
+        self.initial = bucket_layout(scenario, named, [], initial=True)  # iteration 0's (warm-up only)
         self.rng = np.random.RandomState(cfg.random_seed)
         self.iter = 0
         self.errors: list[dict[int, Tensor]] = [{} for _ in range(self.W)]
         self.p_memory: dict[int, Tensor] = {}
         self.q_memory: dict[int, Tensor] = {}
 
+    def _sum(self, tensors: list[Tensor]) -> Tensor:
+        """The all-reduce of the ranks' tensors (rank order) in the backend's order for this length."""
+        if self.W <= 2:
+            return tensors[0] + tensors[1] if self.W == 2 else tensors[0].clone()
+        key = (tensors[0].numel(), str(tensors[0].dtype).removeprefix("torch."))
+        if key not in self.orders:
+            raise ValueError(f"no probed summation order for an all-reduce of {key[0]} {key[1]} elements at "
+                             f"{self.W} ranks (probed: {sorted(self.orders)})")
+        return self.orders[key].sum(tensors)
+
     def reduce(self, local: list[dict[str, Tensor | None]]) -> dict[str, Tensor | None]:
         """The gradients every rank holds after this synced backward (None: used by no rank)."""
         out: dict[str, Tensor | None] = {}
         compressing = self.iter >= self.cfg.start_powerSGD_iter
-        for index, names in enumerate(self.buckets):
+        for index, names in enumerate(self.initial if self.iter == 0 else self.buckets):
             flats = []
             for r in range(self.W):
                 parts = [local[r][n] if local[r][n] is not None else torch.zeros(self.shapes[n]) for n in names]
                 flat = torch.cat([t.reshape(-1) for t in parts])
                 flats.append(flat.to(HALF[self.cfg.compress]) if self.cfg.compress else flat)
             if not compressing:
-                result = _sum([f.div_(self.W) for f in flats])
+                result = self._sum([f.div_(self.W) for f in flats])
             elif self.cfg.batched_hook:
                 result = self._batched(index, flats)
             else:
@@ -205,21 +265,10 @@ class PowerSGDSimulator:
                 mine.append(flat[offset:offset + numel].view(self.shapes[n]))
                 offset += numel
             views.append(mine)
-        compress, plain = [], []
-        p_size = q_size = 0
-        for i, n in enumerate(names):
-            shape = self.shapes[n]
-            rows, cols = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
-            rank = min(rows, cols, cfg.matrix_approximation_rank)
-            if (rows + cols) * rank * cfg.min_compression_rate < rows * cols:
-                compress.append(i)
-                p_size += rows * rank
-                q_size += cols * rank
-            else:
-                plain.append(i)
+        compress, plain, p_size, q_size = _split(cfg, [self.shapes[n] for n in names])
         # The uncompressed part: summed, then divided by W.
         if plain:
-            summed = _sum([torch.cat([views[r][i].reshape(-1) for i in plain]) for r in range(W)]).div_(W)
+            summed = self._sum([torch.cat([views[r][i].reshape(-1) for i in plain]) for r in range(W)]).div_(W)
             for r in range(W):
                 offset = 0
                 for i in plain:
@@ -276,7 +325,7 @@ class PowerSGDSimulator:
             for tensor, q, p in zip(mats[r], qs, carve(memory, "p"), strict=True):
                 torch.bmm(tensor, q, out=p)
             p_rank.append(memory)
-        self.p_memory[index] = _sum(p_rank)
+        self.p_memory[index] = self._sum(p_rank)
         ps = carve(self.p_memory[index], "p")
         for p in ps:
             _orthogonalize(p, cfg.orthogonalization_epsilon)
@@ -286,7 +335,7 @@ class PowerSGDSimulator:
             for tensor, p, q in zip(mats[r], ps, carve(memory, "q"), strict=True):
                 torch.bmm(tensor.transpose(1, 2), p, out=q)
             q_rank.append(memory)
-        self.q_memory[index] = _sum(q_rank).div_(W)
+        self.q_memory[index] = self._sum(q_rank).div_(W)
         qs = carve(self.q_memory[index], "q")
         for r in range(W):
             for (members, _, _, _), tensor, p, q in zip(batches, mats[r], ps, qs, strict=True):
@@ -321,9 +370,9 @@ class PowerSGDSimulator:
                 self.q_memory[index] = self._random_q((side, cfg.matrix_approximation_rank), dtype)
         q = self.q_memory[index]
         _orthogonalize(q.unsqueeze(0))  # torch passes the 2-D Q: see the xfail for this hook
-        p = _sum([torch.matmul(m, q) for m in mats])
+        p = self._sum([torch.matmul(m, q) for m in mats])
         _orthogonalize(p.unsqueeze(0))
-        q = _sum([torch.matmul(m.t(), p) for m in mats]).div_(W)
+        q = self._sum([torch.matmul(m.t(), p) for m in mats]).div_(W)
         self.p_memory[index], self.q_memory[index] = p, q
         for r in range(W):
             torch.matmul(p, q.t(), out=mats[r])

@@ -111,6 +111,8 @@ def run(payload, ctx) -> dict:
     record["seconds"]["train"] = time.perf_counter() - t0
     stats = getattr(wrapped, "backward_stats", None)
     record["backward_stats"] = stats() if callable(stats) else None
+    probe = getattr(wrapped, "allreduce_probe", None)  # optional (protocol): the backend's summation order
+    record["allreduce_probe"] = probe() if callable(probe) else None
     close = getattr(wrapped, "close", None)  # the optional Wrapped.close() (protocol)
     if callable(close):
         close()

@@ -222,6 +222,8 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     record["seconds"]["train"] = time.perf_counter() - t0
     stats = getattr(wrapped, "backward_stats", None)
     record["backward_stats"] = stats() if callable(stats) else None
+    probe = getattr(wrapped, "allreduce_probe", None)  # optional (protocol): the backend's summation order
+    record["allreduce_probe"] = probe() if callable(probe) else None
     if fired_before and isinstance(record["backward_stats"], dict):  # the wrapper before a round trip
         record["backward_stats"]["mutation_fired"] = record["backward_stats"].get("mutation_fired", 0) + fired_before
     _close(wrapped)

@@ -1,9 +1,11 @@
-"""The PowerSGD oracle against torch's own hook in a real 2-rank gloo world, and three broken hooks.
+"""The PowerSGD oracle against torch's own hook in real 2-, 3- and 4-rank gloo worlds, and three broken hooks.
 
-One spawned world (loopback only) trains `ddp/plain/mlp/w2/fp32` for 5 steps under torch DDP with
-each hook; the oracle (`conformance.baseline` with the declared `PowerSGDConfig`) must match torch's
-hooks bitwise at every step, compressed steps included, and must reject a hook that zeroes the
-gradients after the warm-up, one that sums without dividing, and one that stops communicating.
+Each spawned world (loopback only) trains `ddp/plain/mlp/w<W>/fp32` for 5 steps under torch DDP with
+each hook, through the adapter's wrapper (`PowerSGDWrapped`: torch's hook, and after training the
+probe all-reduces that fix gloo's summation order at 3+ ranks). The oracle (`conformance.baseline`
+with the declared `PowerSGDConfig` and the probe) must match torch's hooks bitwise at every step,
+compressed steps included, and must reject a hook that zeroes the gradients after the warm-up, one
+that sums without dividing, and one that stops communicating.
 """
 
 from __future__ import annotations
@@ -16,27 +18,35 @@ import torch
 import torch.multiprocessing as mp
 
 from conformance import catalogue
-from conformance.baseline import compute
+from conformance.adapters.engines.powersgd import PowerSGDWrapped
+from conformance.baseline import compute_anchored
 from conformance.compare import compare_dicts
+from conformance.envelope import reference
 from conformance.powersgd_oracle import PowerSGDConfig, bucket_layout, ready_order
 from conformance.semantics import Semantics
 
-SCENARIO_ID = "ddp/plain/mlp/w2/fp32"
+WORLDS = (2, 3, 4)
 STEPS = 5
 START = 2
 VARIANTS = {
     "powerSGD_hook": PowerSGDConfig(start_powerSGD_iter=START),
     "fp16_compress_wrapper": PowerSGDConfig(start_powerSGD_iter=START, compress="float16"),
+    "bf16_compress_wrapper": PowerSGDConfig(start_powerSGD_iter=START, compress="bfloat16"),
     "batch_tensors_with_same_shape": PowerSGDConfig(start_powerSGD_iter=START, batch_tensors_with_same_shape=True),
     "rank 2, no warm start": PowerSGDConfig(start_powerSGD_iter=START, matrix_approximation_rank=2, warm_start=False),
 }
-# bf16_compress_wrapper: DDP refuses it without CUDA 11+/NCCL 2.10+ (register_comm_hook raises on CPU);
-# the simulation's bf16 path is the fp16 one with the other dtype.
+# bf16_compress_wrapper: DDP's register_comm_hook refuses a hook *named* bf16_compress_hook or
+# bf16_compress_wrapper_hook unless CUDA 11+ with NCCL 2.10+ (or XPU with XCCL) is present
+# (DistributedDataParallel._check_comm_hook, TypeError "BF16 all reduce communication hook required
+# CUDA 11+ and NCCL 2.10+"): older NCCL has no bf16 all-reduce. The check is by __name__ only; gloo
+# all-reduces bf16 on CPU, so here torch's own bf16_compress_wrapper(powerSGD_hook) runs unchanged
+# inside the adapter's noting wrapper (another name), and the oracle must match it bitwise too.
 MUTANTS = ("zeros after warm-up", "no division", "no communication after warm-up")
 
 
-def _scenario():
-    return next(s for s in catalogue.select(profile="standard") if s.id == SCENARIO_ID).with_(steps=STEPS)
+def _scenario(world_size: int):
+    wanted = f"ddp/plain/mlp/w{world_size}/fp32"
+    return next(s for s in catalogue.select(profile="standard") if s.id == wanted).with_(steps=STEPS)
 
 
 def _hook(name):
@@ -45,6 +55,8 @@ def _hook(name):
 
     if name == "fp16_compress_wrapper":
         return default_hooks.fp16_compress_wrapper(ps.powerSGD_hook)
+    if name == "bf16_compress_wrapper":
+        return default_hooks.bf16_compress_wrapper(ps.powerSGD_hook)
     if name in MUTANTS:
         def mutant(state, bucket):
             compressing = state.iter >= state.start_powerSGD_iter
@@ -55,8 +67,8 @@ def _hook(name):
             out = ps.powerSGD_hook(state, bucket)
             if name == "zeros after warm-up" and compressing:
                 return out.then(lambda f: f.value().zero_())
-            if name == "no division":
-                return out.then(lambda f: f.value().mul_(2))
+            if name == "no division":  # the sum, not the average
+                return out.then(lambda f: f.value().mul_(torch.distributed.get_world_size()))
             return out
         return mutant
     return ps.powerSGD_hook
@@ -73,20 +85,24 @@ def _state(group, cfg: PowerSGDConfig):
     )
 
 
-def _train(rank, port, queue):
+def _train(rank, world_size, port, queue):
+    from types import SimpleNamespace
+
     import torch.distributed as dist
 
     from conformance.models.data import build_model, loss_fn, make_inputs, make_optimizer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    s = _scenario()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    s = _scenario(world_size)
+    ctx = SimpleNamespace(rank=rank, world_size=world_size, group=dist.group.WORLD)
     out = {}
     for name in (*VARIANTS, *MUTANTS):
         cfg = VARIANTS.get(name, VARIANTS["powerSGD_hook"])
         model = build_model(s.model, s.kwargs(), seed=s.seed, rank=rank, dtype=s.dtype, device="cpu", exact=s.exact_data)
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        ddp.register_comm_hook(_state(None, cfg), _hook(name))
+        wrapped = PowerSGDWrapped(torch.nn.parallel.DistributedDataParallel(model), ctx, cfg)
+        ddp = wrapped.ddp
+        ddp.register_comm_hook(_state(None, cfg), wrapped.hook(_hook(name)))
         opt = make_optimizer(s.optimizer, ddp.parameters())
         grads = []
         for step in range(s.steps):
@@ -96,35 +112,39 @@ def _train(rank, port, queue):
             grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
             opt.step()
             opt.zero_grad(set_to_none=True)
-        out[name] = grads
+        out[name] = (grads, wrapped.allreduce_probe())  # the probe: collective, after training (as the runners)
     buf = io.BytesIO()  # bytes, not shared-memory tensors: this process exits next
     torch.save(out, buf)
     queue.put((rank, buf.getvalue()))
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def torch_runs():
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"w{w}")
+def torch_runs(request):
+    world_size = request.param
     with socket.socket() as sock:  # a free loopback port for the rendezvous
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_train, args=(r, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_train, args=(r, world_size, port, queue)) for r in range(world_size)]
     for p in procs:
         p.start()
-    results = {r: torch.load(io.BytesIO(data)) for r, data in (queue.get(timeout=120) for _ in procs)}
+    results = {r: torch.load(io.BytesIO(data)) for r, data in (queue.get(timeout=300) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
-    return results
+    return world_size, results
 
 
-def _expected(cfg):
-    return [e.per_rank[0] for e in compute(_scenario(), Semantics(communication=cfg)).events if e.kind == "backward"]
+def _expected(world_size, cfg, probed=None):
+    """The oracle's synced gradients at every step, from the seeds (no anchor), with the ranks' probe."""
+    s = _scenario(world_size)
+    events = compute_anchored(s, Semantics(communication=cfg), {0: {"allreduce_probe": probed}}).events
+    return [e.per_rank[0] for e in events if e.kind == "backward"]
 
 
 def test_the_scenario_compresses_every_weight_after_the_warm_up():
-    s = _scenario()
+    s = _scenario(2)
     named = [(n, torch.empty(shape)) for n, shape in
              (("layers.0.weight", (16, 8)), ("layers.0.bias", (16,)), ("layers.1.weight", (16, 16)),
               ("layers.1.bias", (16,)), ("layers.2.weight", (4, 16)), ("layers.2.bias", (4,)))]
@@ -136,24 +156,51 @@ def test_the_scenario_compresses_every_weight_after_the_warm_up():
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_the_oracle_is_bitwise_torchs_hook(torch_runs, name):
-    expected = _expected(VARIANTS[name])
-    for rank in range(2):
-        for step, (want, got) in enumerate(zip(expected, torch_runs[rank][name], strict=True)):
+    world_size, runs = torch_runs
+    expected = _expected(world_size, VARIANTS[name], runs[0][name][1])
+    for rank in range(world_size):
+        for step, (want, got) in enumerate(zip(expected, runs[rank][name][0], strict=True)):
             for n in want:
                 # NaN where torch has NaN: in fp16 this scenario's compressed steps overflow (P's norm
                 # exceeds 65504), in torch's hook and in the oracle alike, element for element.
                 assert torch.equal(want[n].nan_to_num(), got[n].nan_to_num()) and torch.equal(
                     want[n].isnan(), got[n].isnan()), (name, rank, step, n, (want[n] - got[n]).abs().max().item())
-    compressed = [n for n in expected[START] if not torch.equal(expected[START][n], _expected(None)[START][n])]
+    plain = _expected(world_size, None)[START]  # the plain average (at 3+ ranks an envelope: its rank-order value)
+    compressed = [n for n in expected[START] if not torch.equal(expected[START][n], reference(plain[n]))]
     assert compressed, "the compressed step must differ from the plain average"
+
+
+def test_at_3_ranks_the_probed_order_is_what_makes_it_bitwise(torch_runs):
+    """Negative control: the same simulation adding in rank order (every length's probe replaced by
+    one that reads rank order) is not torch's hook: without the probe the check would be a guess."""
+    from conformance.allreduce_order import probe_values
+
+    world_size, runs = torch_runs
+    if world_size == 2:
+        pytest.skip("a sum of two terms has one order")
+    probed = runs[0]["powerSGD_hook"][1]
+    in_rank_order = {}
+    for (n, dtype), _ in probed.items():
+        reads = [probe_values(r, world_size, n, getattr(torch, dtype)) for r in range(world_size)]
+        sums = []
+        for k in range(len(reads[0])):
+            total = reads[0][k].clone()
+            for r in range(1, world_size):
+                total += reads[r][k]
+            sums.append(total)
+        in_rank_order[(n, dtype)] = torch.stack([torch.stack(sums)] * 2)
+    guessed = _expected(world_size, VARIANTS["powerSGD_hook"], in_rank_order)
+    got = runs[0]["powerSGD_hook"][0]
+    assert any(not torch.equal(guessed[step][n], got[step][n]) for step in range(START, STEPS) for n in got[step])
 
 
 @pytest.mark.parametrize("name", MUTANTS)
 def test_a_broken_hook_fails(torch_runs, name):
-    s = _scenario()
-    expected = _expected(VARIANTS["powerSGD_hook"])
-    bad = [step for step, (want, got) in enumerate(zip(expected, torch_runs[0][name], strict=True))
-           if compare_dicts(want, got, s.tolerance)]
+    world_size, runs = torch_runs
+    cfg = VARIANTS["powerSGD_hook"]
+    expected = _expected(world_size, cfg, runs[0][name][1])
+    bad = [step for step, (want, got) in enumerate(zip(expected, runs[0][name][0], strict=True))
+           if compare_dicts(want, got, cfg.rule())]
     assert bad, f"{name}: no step differs from the oracle"
     assert bad[0] <= START  # caught at the first compressed step (or before: no division)
 

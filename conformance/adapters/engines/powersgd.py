@@ -7,10 +7,15 @@ with the smallest warm-up torch allows (2), so most scenarios run compressed ste
 
 Declared: lossy communication, simulated exactly. The oracle runs torch's algorithm over the
 ranks' own gradients (`conformance.powersgd_oracle`: DDP's rebuilt bucket layout, per-rank error
-buffers, the same Q seed and orthogonalization), so the engine must match it bitwise at 2 ranks
-(a sum of two terms has one order); scenarios of 3+ ranks are skipped with that reason (the
-backend's sum order of P, Q and the uncompressed part has no derived envelope yet). A hook that zeroes, skips the division or stops communicating
-after the warm-up fails (tests/conformance/test_powersgd_oracle.py).
+buffers, the same Q seed and orthogonalization), so the engine must match it bitwise. At 3+ ranks
+the backend's order of adding the ranks' P, Q and uncompressed part matters (the orthogonalization
+carries its last bit everywhere), so after training every rank runs `allreduce_probe()` on the
+engine's own process group: crafted all-reduces of every length the hook reduced
+(`conformance.allreduce_order`) whose results fix, per element, the order gloo adds in; the
+oracle replays that order, bitwise. The hook registered is torch's `powerSGD_hook`, called
+unchanged by a wrapper that only notes each bucket's parameter shapes (which lengths to probe).
+A hook that zeroes, skips the division or stops communicating after the warm-up fails
+(tests/conformance/test_powersgd_oracle.py, at 2 and 3 ranks).
 """
 
 from __future__ import annotations
@@ -50,9 +55,6 @@ class PowerSGDAdapter(DDPLikeAdapter):
         if feats.get("save_load_at") is not None:
             return ("PowerSGDState (error buffers, Q, iteration) is checkpointed apart from DDP's state_dict "
                     "(torch: PowerSGDState.__getstate__); the round trip here saves DDP's state_dict only")
-        if scenario.world_size > 2:
-            return ("the PowerSGD simulation is exact at 2 ranks; beyond, the backend's summation order of P, Q and "
-                    "the uncompressed part feeds the orthogonalization and no derived envelope exists yet")
         if scenario.dtype in ("float16", "bfloat16", "float64"):
             return "the simulated hook is modelled for fp32 gradients"
         return None
@@ -67,8 +69,37 @@ class PowerSGDAdapter(DDPLikeAdapter):
             start_powerSGD_iter=c.start_powerSGD_iter, min_compression_rate=c.min_compression_rate,
             use_error_feedback=c.use_error_feedback, warm_start=c.warm_start, random_seed=c.random_seed,
         )
-        wrapped.ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+        wrapped = PowerSGDWrapped(wrapped.ddp, ctx, c)
+        wrapped.ddp.register_comm_hook(state, wrapped.hook(powersgd.powerSGD_hook))
         return wrapped
+
+
+class PowerSGDWrapped(DDPLikeWrapped):
+    """DDP with the hook; notes the buckets it reduced so `allreduce_probe` knows the lengths."""
+
+    def __init__(self, ddp, ctx, cfg: PowerSGDConfig = CONFIG):
+        super().__init__(ddp)
+        self.ctx, self.cfg = ctx, cfg
+        self.buckets: set[tuple[tuple[int, ...], ...]] = set()
+        self.dtype = torch.float32
+
+    def hook(self, inner):
+        def noting(state, bucket):
+            self.buckets.add(tuple(tuple(p.shape) for p in bucket.parameters()))
+            self.dtype = bucket.buffer().dtype
+            return inner(state, bucket)
+
+        return noting
+
+    def allreduce_probe(self) -> dict | None:
+        """Collective, after training: the probes of every length the hook all-reduced (None at <= 2 ranks,
+        where a sum has one order). The oracle derives gloo's per-element order from them."""
+        from conformance.allreduce_order import probe
+
+        if self.ctx.world_size <= 2:
+            return None
+        sizes = self.cfg.allreduce_sizes([list(b) for b in sorted(self.buckets)], self.dtype)
+        return probe(self.ctx.group, self.ctx.world_size, self.ctx.rank, sizes)
 
 
 def torch_ddp_powersgd() -> PowerSGDAdapter:
