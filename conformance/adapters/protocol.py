@@ -52,7 +52,13 @@ features around the same skeleton), so an adapter author knows when each call ha
         record wrapped.full_parameters(), wrapped.full_buffers()
         [features, checkpoint round trip: wrapped.checkpoint_state() / load_checkpoint_state(state)
          with checkpoint_api = True, else torch DDP's wrapped.ddp.state_dict(); then a fresh wrap]
+    record wrapped.allreduce_probe()                 # optional, collective on every rank (below)
     wrapped.close()                                  # optional; always called once the run is recorded
+
+`Wrapped.allreduce_probe()` (optional) runs after training, on every rank, on the engine's own
+process group: probe all-reduces whose results (recorded) let the oracle replay the backend's
+summation order (`conformance.allreduce_order`). An engine judged by a nonlinear simulation of
+its communication needs it at 3+ ranks (torch-ddp-powersgd); return None where not needed.
 
 `ctx` is a `WrapContext` (below; the harness passes its `RankContext`, which has more): the
 rank, the world size, the process group to hand the engine, the device and the backend.
