@@ -54,7 +54,7 @@ class FabricAdapter:
     owns = frozenset({"optimizer", "backward"})  # owns_for drops "optimizer" for optimizer-less scenarios
     checkpoint_api = True  # Wrapped.checkpoint_state / load_checkpoint_state
     capabilities = frozenset({C.NO_SYNC, C.BUFFER_BROADCAST, C.FIND_UNUSED, C.BUCKET_CAP,
-                              C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH, C.HALF_PRECISION})
+                              C.GRAD_AS_BUCKET_VIEW, C.STATIC_GRAPH, C.HALF_PRECISION, C.SPARSE})
 
     def __init__(self):
         import lightning
