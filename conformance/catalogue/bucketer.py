@@ -183,11 +183,16 @@ def _plan_exact_fit(scenario, dtypes, size):
 ISSUE30_PLANS = {"idle-bucket": _plan_idle_bucket, "exact-fit": _plan_exact_fit}
 
 
-def end_of_life_call(scenario: Scenario) -> Call:
-    """The input queued after the last flush when `teardown_queued` is set: `teardown()` must run its
-    callback or refuse loudly (raise), never drop it (issue 30, end of life). `teardown_shape` (a
-    scenario keyword) gives its chunks' shape: `(0,)` queues an empty input."""
-    return Call(tuple(scenario.kwargs().get("teardown_shape", (3,))), scenario.dtype)
+def end_of_life_calls(scenario: Scenario) -> list[Call]:
+    """The inputs queued after the last flush when `teardown_queued` is set: `teardown()` must run
+    their callbacks or refuse loudly (raise), never drop one (issue 30, end of life). By default one
+    input; `teardown_shape` (a scenario keyword) gives its chunks' shape: `(0,)` queues an empty one.
+    `teardown_calls`, ((shape, dtype, group), ...), queues several: two of one bucket (the order a
+    teardown runs them in, B5), a subgroup's (B7), several dtypes' (B12)."""
+    kw = scenario.kwargs()
+    if "teardown_calls" in kw:
+        return [Call(tuple(shape), dtype, group=group) for shape, dtype, group in kw["teardown_calls"]]
+    return [Call(tuple(kw.get("teardown_shape", (3,))), scenario.dtype)]
 
 
 def chunk(scenario: Scenario, *, round_: int, rank: int, index: int, dest: int, call: Call,
@@ -322,4 +327,18 @@ def issue30_scenarios() -> list[Scenario]:
         make("teardown-empty", "idle-bucket", w=2, cap=TINY, dtypes=("float32", "float64"), steps=2,
              teardown_queued=True, teardown_shape=(0,), profiles=STANDARD, clauses=(LIFECYCLE, EMPTY),
              description="an empty input is the one left at teardown(): its callback runs once, or teardown raises"),
+        # round 9: end of life x order, groups and dtypes (several inputs left at teardown())
+        make("teardown-fifo", "idle-bucket", w=2, cap=TINY, dtypes=("float32", "float64"), steps=2,
+             teardown_queued=True, teardown_calls=(((3,), "float32", "world"), ((2, 2), "float32", "world")),
+             profiles=STANDARD, clauses=(LIFECYCLE,),
+             description="two inputs of one bucket left at teardown(): both callbacks, in submission order, or a raise"),
+        make("teardown-group", "idle-bucket", w=4, cap=TINY, dtypes=("float32", "float64"), steps=2,
+             teardown_queued=True, teardown_calls=(((3,), "float32", "pairs"), ((3,), "float32", "world")),
+             profiles=STANDARD, clauses=(LIFECYCLE, GROUPS),
+             description="a subgroup's bucket and WORLD's both hold an input at teardown(): neither dropped"),
+        make("teardown-dtypes", "idle-bucket", w=2, cap=TINY, dtypes=("float32", "float64"), steps=2,
+             teardown_queued=True,
+             teardown_calls=(((3,), "float32", "world"), ((3,), "float64", "world"), ((4,), "int64", "world")),
+             profiles=STANDARD, clauses=(LIFECYCLE, DTYPES),
+             description="three dtypes' buckets each hold an input at teardown(): none dropped"),
     ]

@@ -17,7 +17,7 @@ import torch
 from conformance.adapters import registry
 from conformance.catalogue.bucketer import (
     chunk,
-    end_of_life_call,
+    end_of_life_calls,
     group_members,
     must_be_deferred,
     must_be_immediate,
@@ -58,7 +58,8 @@ def run(payload, ctx) -> dict:
     kw = scenario.kwargs()
     reuse, keyword, idle_flush = bool(kw.get("reuse")), bool(kw.get("keyword")), bool(kw.get("idle_flush"))
     W, rank = ctx.world_size, ctx.rank
-    groups = {kind: _group(ctx, kind) for kind in sorted({c.group for c in calls})}
+    queued_at_end = end_of_life_calls(scenario) if kw.get("teardown_queued") else []
+    groups = {kind: _group(ctx, kind) for kind in sorted({c.group for c in calls + queued_at_end})}
     bucketer = adapter.make(scenario.options.bucket_cap_mb)
     rounds = []
     error = None
@@ -110,14 +111,15 @@ def run(payload, ctx) -> dict:
 
 
 def _teardown_queued(scenario, bucketer, groups, ctx, round_, index, log, callback) -> None:
-    """Issue 30, end of life: one more input queued after the last flush, then `teardown()`.
+    """Issue 30, end of life: more inputs queued after the last flush, then `teardown()`.
     The log says whether teardown raised (refused loudly) or returned."""
-    call = end_of_life_call(scenario)
-    inputs = [chunk(scenario, round_=round_, rank=ctx.rank, index=index, dest=d, call=call, device=ctx.device)
-              for d in range(ctx.world_size)]
-    log.append(("enter", index))
-    bucketer.reduce_scatter_async(inputs, groups["world"], lambda out: callback(out, index))
-    log.append(("return", index))
+    for i, call in enumerate(end_of_life_calls(scenario), start=index):
+        size = len(group_members(call.group, ctx.rank, ctx.world_size))
+        inputs = [chunk(scenario, round_=round_, rank=ctx.rank, index=i, dest=d, call=call, device=ctx.device)
+                  for d in range(size)]
+        log.append(("enter", i))
+        bucketer.reduce_scatter_async(inputs, groups[call.group], lambda out, i=i: callback(out, i))
+        log.append(("return", i))
     try:
         bucketer.teardown()
         log.append(("teardown", "returned"))
@@ -161,8 +163,9 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
             where = f"round {round_}"
             log = rec["log"]
             end_of_life = bool(scenario.kwargs().get("teardown_queued")) and round_ == scenario.steps - 1
-            calls = plan(scenario) + ([end_of_life_call(scenario)] if end_of_life else [])
-            eol = len(calls) - 1 if end_of_life else None
+            planned = plan(scenario)
+            calls = planned + (end_of_life_calls(scenario) if end_of_life else [])
+            eol = set(range(len(planned), len(calls)))  # the inputs queued at teardown()
             teardown = next((e[1] for e in log if e[0] == "teardown"), None)
             entered: set[int] = set()
             inside: int | None = None  # the call in progress
@@ -183,7 +186,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                     call = calls[i]
                     if not call.callback:
                         fail(rank, where, f"a callback ran for call {i}, which passed callback_fn=None")
-                    if flushed and i != eol:
+                    if flushed and i not in eol:
                         fail(rank, where, f"call {i}'s callback ran after flush() returned")
                     if i not in entered:
                         fail(rank, where, f"call {i}'s callback ran before reduce_scatter_async was called for it")
@@ -198,15 +201,17 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                         group = "" if call.group == "world" else f" of its group {members}"
                         fail(rank, where, f"call {i}: the callback's result is not the sum over ranks{group} of "
                                           f"chunk {members.index(rank)}", [m])
-            if eol is not None and teardown is None:
+            if eol and teardown is None:
                 fail(rank, where, "teardown() with an input queued: no outcome recorded")
             # A teardown that refused loudly leaves the queued input's callback to a later flush.
-            excused = {eol} if eol is not None and teardown != "returned" else set()
+            excused = eol if teardown != "returned" else set()
             lost = [i for i, c in enumerate(calls) if c.callback and c.active(round_) and i not in seen
                     and i not in excused]
-            if eol in lost:
-                fail(rank, where, f"teardown() with call {eol} still queued returned without running its callback "
-                                  "and without raising: queued work dropped silently (run it, or refuse loudly)")
+            dropped = [i for i in lost if i in eol]
+            if dropped:
+                fail(rank, where, f"teardown() with call(s) {dropped} still queued returned without running their "
+                                  "callbacks and without raising: queued work dropped silently (run it, or refuse "
+                                  "loudly)")
             if lost:
                 fail(rank, where, f"callbacks of call(s) {lost[:10]} never ran by the end of flush() "
                                   f"({len(lost)} of {sum(c.callback for c in calls)})")
