@@ -102,7 +102,9 @@ def check_local_shards(scenario, adapter: str, records: dict[int, dict], repro: 
                                                f"  repro: {repro}")
                     continue
                 rule = scenario.options.shard_placement
-                if rule and shard["placement"] != f"dim{placement_dim(rule, tuple(full.shape), scenario.world_size)}-chunk":
+                # flat-chunk splits row-major: a dim-0 placement (uneven rows split mid-row), never dim 1
+                asked_dim = placement_dim(rule, tuple(full.shape), scenario.world_size) if rule else None
+                if rule and shard["placement"] not in ({f"dim{asked_dim}-chunk"} | ({"flat-chunk"} if asked_dim == 0 else set())):
                     asked = placement_dim(rule, tuple(full.shape), scenario.world_size)
                     raise ConformanceError(
                         f"[{scenario.id}] adapter {adapter}: rank {rank}, {where}: {name!r} ({tuple(full.shape)}) is "

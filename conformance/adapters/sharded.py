@@ -197,6 +197,18 @@ class RefimplZero3Wrapped(RefimplShardedWrapped):
     def full_parameters(self) -> dict[str, Tensor]:
         return {n: _cpu(t) for n, t in self.sdp.full_parameters().items()}
 
+    def local_shards(self) -> dict[str, dict]:
+        """flat-chunk, or dim{d}-chunk for a parameter a shard_placement_fn put on dim d > 0 (S18)."""
+        from refimpl.sharded.placement import shard_view
+
+        out = super().local_shards()
+        for q in self.sdp._params:
+            if q.dim and q.name in out:
+                entry, W = out[q.name], self.sdp.world_size
+                out[q.name] = {"placement": f"dim{q.dim}-chunk", "param": shard_view(entry["param"], q.shape, q.dim, W),
+                               "grad": None if entry["grad"] is None else shard_view(entry["grad"], q.shape, q.dim, W)}
+        return out
+
 
 def refimpl_zero3_kwargs(module: nn.Module, options: WrapOptions, ctx=None) -> dict:
     """Constructor keywords; with ``ctx``, the process groups too (HSDP: the mesh's two groups)."""
@@ -210,6 +222,12 @@ def refimpl_zero3_kwargs(module: nn.Module, options: WrapOptions, ctx=None) -> d
         kwargs["units"] = unit_modules(module)  # the engine owns shared parameters in the common ancestor
     if options.reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = options.reshard_after_forward
+    if options.shard_placement:  # FSDP2's shard_placement_fn, the scenario's rule (conformance.shards)
+        from conformance.shards import placement_dim
+
+        W = kwargs["process_group"].size() if "process_group" in kwargs else None
+        kwargs["shard_placement_fn"] = lambda p, rule=options.shard_placement: placement_dim(rule, tuple(p.shape),
+                                                                                             W or dist.get_world_size())
     if options.param_dtype:  # issue #26: the mixed-precision policy (conformance.baseline_mixed)
         from refimpl.sharded.zero3 import MixedPrecisionPolicy
 
@@ -229,7 +247,7 @@ class RefimplZero3(RefimplSharded):
 
     name = "refimpl-zero3"
     capabilities = RefimplSharded.capabilities | {C.SHARD_UNITS, C.RESHARD, C.RESHARD_INT, C.MIXED_PRECISION,
-                                                  C.HSDP, C.HSDP_RS_ACCUMULATION}
+                                                  C.HSDP, C.HSDP_RS_ACCUMULATION, C.SHARD_PLACEMENT}
 
     def wrap(self, module: nn.Module, ctx, options: WrapOptions, optimizer=None) -> RefimplZero3Wrapped:
         from refimpl.sharded.zero3 import FullyShardedDataParallel

@@ -48,6 +48,10 @@ def _shards(engine) -> dict[str, tuple[nn.Parameter, torch.Size]]:
     ``sharded_parameters()`` hands to the optimizer. A parameter's shape survives ZeRO-3's
     freeing (only its storage is resized), so it is read from the module.
     """
+    placed = [q.name for q in getattr(engine, "_params", ()) if getattr(q, "dim", 0)]
+    if placed:  # chunks in placement order (refimpl.sharded.placement): not the flat layout DCP sees
+        raise ValueError(f"{placed} are sharded on a dim other than 0 (shard_placement_fn); these state dicts keep "
+                         "the flat-chunk layout: use the engine's full_state_dict() / load_full_state_dict()")
     by_ptr = {(p.data_ptr(), p.numel()): p for p in engine.sharded_parameters() if p.numel()}
     shapes = {n: p.shape for n, p in engine.module.named_parameters()}
     out = {}

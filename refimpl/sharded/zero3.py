@@ -66,6 +66,7 @@ from .bucketer import ReduceScatterBucketer
 from .engine import _all_gather_single
 from .hsdp import ReplicaReduce
 from .optimizer import ShardedOptimizer
+from .placement import from_layout, placement_dim, to_layout
 from .precision import MixedPrecisionPolicy, cast_floating, keep_local
 from .reshard import PostForwardGroup, post_forward_group
 from .zero3_reads import ShardReads, _chunk
@@ -87,6 +88,7 @@ class _Param:
     order: int  # registration order in the module: the order gradients are reduced in
     shard: nn.Parameter | None = None  # this rank's chunk: the optimizer's parameter
     acc: Tensor | None = None  # a local no_sync() sum kept in reduce_dtype (refimpl.sharded.precision)
+    dim: int = 0  # the dim it is sharded on: values kept in that order (refimpl.sharded.placement)
 
 
 class _Unit:
@@ -134,13 +136,16 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
             an int k (a divisor of the world size) keeps 1/k of them and gathers within groups
             of k consecutive ranks before the backward (see ``refimpl.sharded.reshard``).
         mixed_precision: see :class:`MixedPrecisionPolicy`.
+        shard_placement_fn: ``fn(param) -> dim`` (or ``Shard(dim)``; None: dim 0) per parameter,
+            FSDP2's hook (``refimpl.sharded.placement``).
         bucket_cap_mb: reduce-scatter bucket size, see ``ReduceScatterBucketer``.
         broadcast_buffers: broadcast rank 0's buffers before every forward (DDP's rule).
     """
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
                  replicate_group: dist.ProcessGroup | None = None, units: Iterable[nn.Module] = (), reshard_after_forward: bool | int = True,
-                 mixed_precision: MixedPrecisionPolicy | None = None, bucket_cap_mb: float = 25,
+                 mixed_precision: MixedPrecisionPolicy | None = None, shard_placement_fn: Callable | None = None,
+                 bucket_cap_mb: float = 25,
                  broadcast_buffers: bool = True) -> None:
         super().__init__()
         assert dist.is_initialized(), (
@@ -164,6 +169,7 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
 
         self._replicas.broadcast(list(module.parameters()), self.process_group)
         self._replicas.broadcast(list(module.buffers()), self.process_group)
+        self._placement_fn = shard_placement_fn
         self._units = self._build_units(list(units))
         self._params = [p for u in self._units for p in u.params]
         self._params.sort(key=lambda p: p.order)  # registration order: the reduction order
@@ -206,7 +212,8 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
             owner = max((u for u in units if all(inside(mp, u) for mp in mpaths)), key=lambda u: len(u.path))
             chunk = math.ceil(p.numel() / self.world_size)
             offset = sum(q.chunk for q in owner.params if q.dtype == p.dtype)
-            entry = _Param(name, p, p.shape, p.numel(), chunk, offset, p.dtype, order)
+            entry = _Param(name, p, p.shape, p.numel(), chunk, offset, p.dtype, order,
+                           dim=placement_dim(self._placement_fn, p, self.world_size, name))
             initial[id(entry)] = p.detach()  # read once below, before its storage is freed
             if compute is not None and compute != p.dtype:  # the module computes in param_dtype
                 replaced[id(p)] = entry.param = nn.Parameter(torch.empty(p.shape, dtype=compute, device=p.device))
@@ -223,7 +230,7 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
                     unit.flats[dtype] = flat
                     for q in group:
                         view = flat[q.offset:q.offset + q.chunk]
-                        view.copy_(_chunk(initial.pop(id(q)), q.chunk, self.rank, self.world_size))
+                        view.copy_(_chunk(to_layout(initial.pop(id(q)), q.dim), q.chunk, self.rank, self.world_size))
                         q.shard = nn.Parameter(view)  # shares storage with the unit's flat shard
                         _free(q.param)
         return [u for u in units if u.params or u.root]
@@ -245,7 +252,7 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
                 q.param.untyped_storage().resize_(q.numel * q.param.element_size())
                 # `.data`: a copy autograd does not count as a change of a tensor it saved
                 # ([Note: freeing by storage]); gathering again for backward is not an edit.
-                q.param.data.copy_(rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel].view(q.shape))
+                q.param.data.copy_(from_layout(rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel], q.shape, q.dim))
         unit.gathered = True
 
     def _free_unit(self, unit: _Unit, keep: bool = False) -> None:
@@ -263,7 +270,7 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
         kept = group[0].param.new_zeros((rows.stop - rows.start, n))
         for q in group:
             padded = q.param.new_zeros(q.chunk * W)
-            padded[:q.numel] = q.param.detach().reshape(-1)
+            padded[:q.numel] = to_layout(q.param.detach(), q.dim)
             kept[:, q.offset:q.offset + q.chunk] = padded.view(W, q.chunk)[rows]
         return kept.reshape(-1)
 
@@ -420,7 +427,7 @@ class FullyShardedDataParallel(ShardReads, nn.Module):
         if grad is None:  # another rank used it: this rank's share is zero
             return list(torch.zeros(W, q.chunk, dtype=rdtype, device=device))
         # In place: the gradient is dropped right after (as DDP divides its bucket views in place).
-        flat = grad.reshape(-1).to(rdtype).div_(self.dp_size)
+        flat = to_layout(grad, q.dim).to(rdtype).div_(self.dp_size)
         full = q.numel // q.chunk if q.chunk else W
         chunks = list(flat[:full * q.chunk].view(full, q.chunk))
         if full < W:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .engine import _all_gather_single
+from .placement import from_layout, to_layout
 
 __all__ = ["ShardReads"]
 
@@ -50,7 +51,8 @@ class ShardReads:
                 _all_gather_single(gathered, mine, group=self.process_group)
                 rows = gathered.view(self.world_size, mine.numel())
                 for q, has in zip(group, present.tolist(), strict=True):
-                    out[q.name] = (rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel].view(q.shape).clone()
+                    out[q.name] = (from_layout(rows[:, q.offset:q.offset + q.chunk].reshape(-1)[:q.numel], q.shape,
+                                               q.dim).clone()
                                    if has else None)
         return out
 
@@ -82,7 +84,7 @@ class ShardReads:
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Take this rank's chunk of every parameter from a full state dict; buffers as they are."""
         for q in self._params:
-            q.shard.copy_(_chunk(state[q.name].to(q.shard.dtype), q.chunk, self.rank, self.world_size))
+            q.shard.copy_(_chunk(to_layout(state[q.name].to(q.shard.dtype), q.dim), q.chunk, self.rank, self.world_size))
         for n, b in self.module.named_buffers():
             if n in state:
                 b.copy_(state[n])
