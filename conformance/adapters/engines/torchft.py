@@ -20,6 +20,10 @@ group's `TCPStore` server listens on every interface whatever host it is given. 
 tests/conformance/test_torchft_adapter.py lists every listener of a 2-rank run and fails on
 one that is not loopback.
 
+Checkpoints go through `Wrapped.checkpoint_state` (`checkpoint_api`): the model's and the
+optimizer's state dicts and the Manager's own (`Manager.state_dict()`: step and batches
+committed, restored with `load_state_dict`), as torchft asks a checkpoint to carry.
+
 Declared:
 - buffers `construction-only`: torchft's DDP reduces over a one-rank dummy group (the Manager
   all-reduces gradients in its comm hook), so DDP's buffer broadcast reaches nobody; buffers are
@@ -126,6 +130,17 @@ class TorchFTWrapped(DDPLikeWrapped):
 
         torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad], max_norm)
 
+    def checkpoint_state(self) -> dict:
+        """torchft's checkpoint: the user's state (model, optimizer) and the Manager's own
+        (`Manager.state_dict()`: step, batches committed), which torchft says to save with it."""
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.optim.state_dict(),
+                "torchft": self.manager.state_dict()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.optim.load_state_dict(state["optimizer"])
+        self.manager.load_state_dict(state["torchft"])
+
     def close(self) -> None:
         """Stop the Manager's server and (rank 0) the lighthouse: nothing listens after the case."""
         self.manager.shutdown(wait=False)
@@ -138,6 +153,7 @@ class TorchFTAdapter:
     area = "ddp"
     owns = frozenset({"optimizer"})
     ddp_module = True
+    checkpoint_api = True  # Wrapped.checkpoint_state: model, optimizer and the Manager's state_dict
     capabilities = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUFFER_BROADCAST})
     semantics = SEMANTICS
 
@@ -157,15 +173,6 @@ class TorchFTAdapter:
             return "torchft's Manager commits a step through the optimizer wrapper: it needs an optimizer"
         if self.use_async_quorum and has_buffers(scenario):
             return "async quorum: the heal's copy of rank 0's buffers races with step 0's forward (not modelled)"
-        feats = dict(scenario.features)
-        if feats.get("save_load_at") is not None:
-            return ("a checkpoint must carry the Manager's state_dict too (torchft's docs); the round trip here saves "
-                    "DDP's state_dict and the optimizer's only")
-        if feats.get("repeat", 1) > 1:
-            return ("the determinism repeat builds a second Manager and lighthouse in the same processes; at 4 ranks "
-                    "its last quorum timed out in one of two runs here (not understood yet, so not judged)")
-        if feats.get("compile"):
-            return "torch.compile's DDPOptimizer over torchft's one-rank dummy process group is not supported by torchft"
         if scenario.dtype != "float32":
             return "torchft's ProcessGroupGloo is driven with fp32 gradients here"
         return None
