@@ -294,12 +294,15 @@ class Channel:
                     self._served.remove(conn)
 
     # sending -----------------------------------------------------------------------------------
-    def call(self, dst: int, fn, args: tuple, on_done: OnDone | None) -> bool:
+    def call(
+        self, dst: int, fn, args: tuple, on_done: OnDone | None, tail: list | None = None
+    ) -> bool:
         """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, None)`` or ``on_done(None,
         error)`` follows, once, on a channel thread (``on_done=None``: no answer, and nothing is
         kept of the call once written). Returns ``False``, having sent nothing and without
         calling ``on_done``, when there is no open connection to ``dst`` (one may be opening:
-        [Note: connecting never blocks a sender]); the caller sends another way."""
+        [Note: connecting never blocks a sender]); the caller sends another way. ``tail``: the
+        tensors ``frames.TAIL`` in ``args`` stands for (frames.py [Note: a frame's tail])."""
         conn = self._outgoing(dst)
         if conn is None:
             return False
@@ -307,7 +310,7 @@ class Channel:
             if self.closed:
                 return False
             try:
-                conn.write(encode((_NO_ANSWER, fn, args)))
+                conn.write(encode((_NO_ANSWER, fn, args), tail))
             except Exception:
                 return False  # no whole frame went out: the caller sends another way
             self.calls_sent += 1
@@ -322,7 +325,7 @@ class Channel:
             if self._watch is None:
                 self._watch = _thread(self._expire, "refimpl-channel-timeouts")
         try:
-            conn.write(encode((seq, fn, args)))
+            conn.write(encode((seq, fn, args), tail))
         except Exception:
             with self._lock:
                 mine = self._calls.pop(seq, None) is not None

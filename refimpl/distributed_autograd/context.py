@@ -223,6 +223,17 @@ class ContextContainer:
         with self._lock:
             self._passes[context_id] = self._passes.get(context_id, 0) + 1
 
+    def pass_started_in(self, context_id: int) -> DistAutogradContext:
+        """:meth:`retrieve` and :meth:`pass_started` under one lock (a gradient message
+        arrived); raises, counting nothing, when the context is not here."""
+        with self._lock:
+            ctx = self._contexts.get(context_id)
+            if ctx is not None:
+                self._passes[context_id] = self._passes.get(context_id, 0) + 1
+                return ctx
+        self.retrieve(context_id)  # raises with the reason, unless created just now:
+        return self.pass_started_in(context_id)
+
     def pass_finished(self, context_id: int) -> None:
         with self._lock:
             left = self._passes.get(context_id, 0) - 1

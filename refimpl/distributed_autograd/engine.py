@@ -232,14 +232,15 @@ def _send_on(
     part = credit_mod.split(share, len(dsts))
     for dst in dsts:
         items = outbound[dst]
-        args = (root, pass_id, ctx.context_id, me, items, retain_graph, part, path)
+        send_ids = [send_id for send_id, _ in items]
+        args = (root, pass_id, ctx.context_id, me, send_ids, retain_graph, part, path)
         if dst == root:
             answered = None
         else:
             answered = functools.partial(_delivered, me, root, pass_id, part, path, dst)
-        try:
-            tensors = [grad for _, grad in items]
-            messaging.send(dst, _receive_gradients, args, answered, tensors, cont)
+        try:  # the gradients as the message's tail: frames.py [Note: a frame's tail]
+            grads = [grad for _, grad in items]
+            messaging.send(dst, _receive_gradients, args, answered, cont=cont, tail=grads)
         except Exception as exc:
             _hand_back(me, root, pass_id, part, path | {dst}, (dst, f"{exc}"))
 
@@ -283,9 +284,18 @@ def _credit_returned(pass_id: int, credit, reached, error) -> None:
 
 
 def _receive_gradients(
-    root: int, pass_id: int, context_id: int, sender: int, items, retain_graph: bool, share, path
+    root: int,
+    pass_id: int,
+    context_id: int,
+    sender: int,
+    send_ids: list[int],
+    retain_graph: bool,
+    share,
+    path,
+    grads: list[torch.Tensor],
 ):
-    """Gradients for some of this worker's send edges arrived: run the local part, send on.
+    """Gradients for some of this worker's send edges arrived (``grads[i]`` for the edge
+    ``send_ids[i]``): run the local part, send on.
 
     Answers (the sender's delivery check) once the local run is done and its gradients are on
     their way: ``None``, or ``(credit, reached, error)`` when the branch ends here and the
@@ -295,16 +305,14 @@ def _receive_gradients(
     """
     cont = container()
     me = cont.worker_id
-    cont.pass_started(context_id)
     try:
-        ctx = cont.retrieve(context_id)
+        ctx = cont.pass_started_in(context_id)
     except Exception as exc:
-        cont.pass_finished(context_id)
         return _end_of_branch(me, root, sender, pass_id, share, path | {me}, (me, f"{exc}"))
-    with ctx.lock:
-        ctx.known_workers.add(sender)
-    message = (items, share, path)
+    message = ((send_ids, grads), share, path)
     if root == me:  # the waiting backward runs it: credit.py [Note: the root's own messages]
+        with ctx.lock:
+            ctx.known_workers.add(sender)
         tracker = credit_mod.registry.get(pass_id)
         if tracker is not None:
             tracker.deliver(message, share)
@@ -312,6 +320,7 @@ def _receive_gradients(
         return None
     key = (root, pass_id)
     with ctx.lock:
+        ctx.known_workers.add(sender)
         ctx.inbox.setdefault(key, []).append(message)
     with ctx.receive_lock:
         with ctx.lock:
@@ -350,7 +359,7 @@ def _run_messages(ctx: DistAutogradContext, me: int, batch):
     return share, path, outbound, None
 
 
-def _merge_items(ctx: DistAutogradContext, messages) -> tuple[list, list]:
+def _merge_items(ctx: DistAutogradContext, messages: list) -> tuple[list, list]:
     """The send edges and gradients of one or more messages; gradients for one edge summed.
 
     [Note: merged messages]
@@ -361,19 +370,23 @@ def _merge_items(ctx: DistAutogradContext, messages) -> tuple[list, list]:
     messages (credit is additive: credit.py), and their paths are joined.
     """
     by_id: dict[int, torch.Tensor] = {}
-    for items in messages:
-        for send_id, grad in items:
-            previous = by_id.get(send_id)
-            by_id[send_id] = grad if previous is None else previous + grad
+    if len(messages) == 1:  # one message names each of its edges once
+        by_id = dict(zip(*messages[0], strict=True))
+    else:
+        for send_ids, grads in messages:
+            for send_id, grad in zip(send_ids, grads, strict=True):
+                previous = by_id.get(send_id)
+                by_id[send_id] = grad if previous is None else previous + grad
     with ctx.lock:
-        entries = {send_id: ctx.sends.get(send_id) for send_id in by_id}
-    missing = [sid for sid, e in entries.items() if e is None]
-    if missing:
+        sends = ctx.sends
+        entries = [sends.get(send_id) for send_id in by_id]
+    if None in entries:
+        missing = [sid for sid, e in zip(by_id, entries, strict=True) if e is None]
         raise RuntimeError(
             f"no send edge {missing} in autograd context {ctx.context_id}: the graph was "
             "released by a previous backward(retain_graph=False)"
         )
-    return [entries[sid][0] for sid in by_id], list(by_id.values())
+    return [entry[0] for entry in entries], list(by_id.values())
 
 
 # public ------------------------------------------------------------------------------------------

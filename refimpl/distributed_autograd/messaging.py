@@ -23,16 +23,27 @@ import torch
 from torch.distributed import rpc
 
 from .context import container
-from .frames import carries
+from .frames import TAIL, carries
 
 
-def send(dst: int, fn, args: tuple, on_done, tensors=(), cont=None) -> None:
+def send(dst: int, fn, args: tuple, on_done, tensors=(), cont=None, tail=None) -> None:
     """Run ``fn(*args)`` on worker ``dst``; ``on_done(answer, error)`` follows on another thread
     (``on_done=None``: no answer, see [Note: answers nobody needs]). Raises if the message
-    cannot be sent at all (the worker is unknown or unreachable now). ``cont``: the context
+    cannot be sent at all (the worker is unknown or unreachable now). ``tensors``: the tensors
+    in ``args``. ``tail``: a list of tensors passed as ``fn``'s last argument, which on the
+    channel travel without a pickle (frames.py [Note: a frame's tail]). ``cont``: the context
     container when the caller has it (looking it up checks the RPC agent: microseconds a
     message)."""
     channel = (cont if cont is not None else container()).channel
+    if tail is not None:
+        if (
+            channel is not None
+            and carries(tail)
+            and channel.call(dst, fn, (*args, TAIL), on_done, tail)
+        ):
+            return
+        send_rpc(dst, fn, (*args, tail), on_done)
+        return
     if channel is not None and carries(tensors) and channel.call(dst, fn, args, on_done):
         return
     # No channel, a tensor it does not carry, or no connection to dst yet (channel.py

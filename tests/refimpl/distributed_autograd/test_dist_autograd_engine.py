@@ -40,8 +40,10 @@ def test_only_messages_someone_waits_for_ask_for_an_answer(monkeypatch):
     context = importlib.import_module("refimpl.distributed_autograd.context")
     sent = []
 
-    def send(dst, fn, args, on_done, tensors=(), cont=None):
+    def send(dst, fn, args, on_done, tensors=(), cont=None, tail=None):
         sent.append((dst, fn.__name__, on_done is None, args[-2] if len(args) == 8 else None))
+        if tail is not None:  # the gradients, one per send id (frames.py [Note: a frame's tail])
+            assert len(tail) == len(args[4]) and all(t is grad for t in tail)
 
     monkeypatch.setattr(engine.messaging, "send", send)
     ctx = context.DistAutogradContext(1)

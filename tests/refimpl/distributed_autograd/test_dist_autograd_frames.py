@@ -6,7 +6,7 @@ import io
 
 import torch
 
-from refimpl.distributed_autograd.frames import carries, decode, encode, encode_empty_answer
+from refimpl.distributed_autograd.frames import TAIL, carries, decode, encode, encode_empty_answer
 
 
 def _round_trip(obj):
@@ -99,3 +99,17 @@ def test_an_empty_answer_is_a_header_alone_and_reads_back():
     stream = io.BytesIO(b"".join(bytes(p) for p in (*pieces, *encode((7, "x", None))[0])))
     assert decode(stream) == (12345, None, None)
     assert decode(stream) == (7, "x", None)  # the next frame is read from the right place
+
+
+def test_a_tail_of_tensors_travels_raw_and_reads_back_where_tail_stood():
+    """frames.py [Note: a frame's tail]: the list is the frame's tensors; ``TAIL`` in the pickled
+    object reads back as that list, in order, however long (and when empty)."""
+    tail = [torch.randn(64) for _ in range(100)] + [torch.arange(3), torch.randn(2, 3).t()]
+    pieces, _ = encode((4, "f", (1, [2, 3], TAIL)), tail)
+    got = decode(io.BytesIO(b"".join(bytes(p) for p in pieces)))
+    assert got[:2] == (4, "f") and got[2][:2] == (1, [2, 3])
+    assert len(got[2][2]) == len(tail)
+    for sent, back in zip(tail, got[2][2], strict=True):
+        assert back.dtype == sent.dtype and torch.equal(back, sent)
+    pieces, _ = encode((5, TAIL), [])
+    assert decode(io.BytesIO(b"".join(bytes(p) for p in pieces))) == (5, [])
