@@ -184,4 +184,8 @@ def issue30_scenarios() -> list[Scenario]:
         m("rank-idle-no-sync", "branches", w=2, micro_batches=2, options=fuf, model_kwargs={"mode": "rank-idle"},
           extra=("S8",), timeout_s=20,
           description="rank 1 reaches no parameter inside no_sync() too: no collective there"),
+        # round 9: autocast (ambient) with the synced average and the no_sync() accumulation (S2, S5)
+        m("autocast-no-sync", "mlp", w=2, steps=5, micro_batches=2, features=(("autocast", "bfloat16"),),
+          extra=("S2", "S5"), profiles=STANDARD,
+          description="autocast(bf16) forwards: each rank's local no_sync() sum, then the synced average"),
     ]
