@@ -11,7 +11,7 @@ from conformance.accumulation import reduced_per_micro_batch
 from conformance.adapters import registry
 from conformance.adapters.protocol import owned
 from conformance.catalogue import ddp
-from conformance.semantics import Accumulation, MidAccumulation, Precision
+from conformance.semantics import Accumulation, MidAccumulation, Precision, Scaling
 
 
 def _grads(seed: int = 0, scale: float = 40.0) -> list[torch.Tensor]:
@@ -94,8 +94,10 @@ def test_zero_stages_use_deepspeeds_own_loop_only_where_its_semantics_need_it(st
 
 def test_clipping_is_declared_for_the_replayed_stages_and_refused_beyond_two_ranks():
     clip = ddp.make("plain", "mlp").with_(features=(("clip", 4.0),))
-    zero0 = registry.load("deepspeed-zero0")
+    zero0 = _planned("deepspeed-zero0")
     assert zero0.semantics_for(clip).clipping is deepspeed_clip.STAGE0
+    # stage 0 multiplies the all-reduced sum by fl(1/W): declared post-scaling, so 3+ ranks are judged
+    assert zero0.semantics.scaling == Scaling.POST and zero0.unavailable(clip.with_(world_size=4)) is None
     assert zero0.semantics_for(clip.with_(dtype="float16", features=())).loss_scaler is not None  # then a strict xfail
     for stage, rule in ((1, deepspeed_clip.ZERO12), (2, deepspeed_clip.ZERO12), (3, deepspeed_clip.ZERO3)):
         adapter = _planned(f"deepspeed-zero{stage}")

@@ -45,14 +45,17 @@ from conformance.adapters.engines.deepspeed import (
     save_engine_checkpoint,
 )
 from conformance.adapters.protocol import OptimizerSpec
-from conformance.semantics import Accumulation, Precision, Semantics
+from conformance.semantics import Accumulation, Precision, Scaling, Semantics
 from conformance.spec import Capability as C
 
 SEMANTICS = Semantics(
     accumulation=Accumulation.MEAN,
+    scaling=Scaling.POST,
     sources=("DeepSpeed engine.backward: with gradient_accumulation_steps > 1 the loss is divided by "
              "gradient_accumulation_steps before backward (scale_wrt_gas=True); engine.step() steps at the "
-             "accumulation boundary only",),
+             "accumulation boundary only",
+             "DeepSpeed engine.allreduce_bucket (postscale_gradients, DeepSpeed's default): all_reduce the sum, then "
+             "mul_(gradient_predivide_factor / dp_world_size), i.e. 1/W after the sum"),
 )
 
 
@@ -131,9 +134,6 @@ class DeepSpeedStage0Adapter:
             return self._why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
-        if scenario.world_size > 2:
-            return ("DeepSpeed all-reduces the sum and then multiplies by a rounded 1/W (postscale_gradients); the "
-                    "summation-order envelope models a division, so 3+ ranks are not judged yet")
         why = engine_loop_limits(scenario)
         if why:
             return why
