@@ -215,7 +215,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
             if lost:
                 fail(rank, where, f"callbacks of call(s) {lost[:10]} never ran by the end of flush() "
                                   f"({len(lost)} of {sum(c.callback for c in calls)})")
-            # Results stay valid after later flushes.
+            # Results stay valid after later flushes and after teardown() (the snapshot is taken after it).
             for i, tensors in sorted(rec["after_flush"].items()):
                 call = calls[i]
                 want = expected[i] if i in expected else expected_result(scenario, round_, rank, i, call)
@@ -223,7 +223,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                 count += 1
                 if m:
                     fail(rank, where, f"call {i}: the result handed to the callback changed after a later "
-                                      "flush (it must stay valid)", [m])
+                                      "flush or teardown() (it must stay valid)", [m])
             # Order 4a: immediate where documented.
             for i, (_pos, during) in sorted(seen.items()):
                 if must_be_immediate(scenario, calls[i], rank) and during != i:
