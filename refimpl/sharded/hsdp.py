@@ -43,7 +43,6 @@ class ReplicaReduce:
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group if group is not None and group.size() > 1 else None
         self.size = group.size() if group is not None else 1
-        self.all_reduce = True  # set_requires_all_reduce
         self.partials: dict[int, tuple[object, Tensor]] = {}  # id(_Param) -> (param, partial chunk)
         self._pending: list[tuple[object, Tensor]] = []
 

@@ -20,9 +20,10 @@ One training step:
      int ``k``, each rank keeps 1/k of them and the backward gathers within a group of ``k``
      ranks (``refimpl.sharded.reshard``, FSDP2's meaning);
   3. as soon as a non-root unit's backward is done (a hook on its forward inputs), its
-     gradients are cast to ``reduce_dtype``, divided by W and reduce-scattered through a
-     :class:`~refimpl.sharded.bucketer.ReduceScatterBucketer` into this rank's sharded
-     gradient (in the shard's dtype), and its full gradients and parameters are freed; the
+     gradients are cast to ``reduce_dtype``, divided by W (S·R on a HSDP mesh) and
+     reduce-scattered through a :class:`~refimpl.sharded.bucketer.ReduceScatterBucketer` into
+     this rank's sharded gradient (in the shard's dtype; on a HSDP mesh all-reduced across the
+     replicas first, ``refimpl.sharded.hsdp``), and its full gradients and parameters are freed; the
      root unit (and any unit whose inputs need no gradient) at the end of the backward;
   4. the optimizer (``make_optimizer``) steps this rank's chunks; nothing is gathered after
      it — the next forward gathers.
