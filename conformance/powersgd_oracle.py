@@ -6,10 +6,11 @@ gradient, with the state torch keeps (torch/distributed/algorithms/ddp_comm_hook
 and the engine must reproduce it:
 
 - the hook sees DDP's buckets: one flat buffer per bucket, in DDP's layout. Before the rebuild
-  (iteration 0) that is one bucket of every parameter (no find_unused_parameters) or
-  `_compute_bucket_assignment_by_size` over the parameters, reversed; after the rebuild (the
-  forward of iteration 1, unless find_unused_parameters without static_graph) the same function
-  over the order the gradients became ready in rank 0's first backward. PowerSGD's state is
+  (iteration 0; with static_graph iterations 0 and 1) that is one bucket of every parameter in
+  registration order (no find_unused_parameters) or `_compute_bucket_assignment_by_size` over the
+  parameters, reversed; after the rebuild (unless find_unused_parameters without static_graph)
+  the same function over the order the gradients became ready in rank 0's first backward (its
+  own model, under the scenario's autocast). PowerSGD's state is
   keyed by bucket index; compression starts at `start_powerSGD_iter` >= 2, after the rebuild.
 - warm-up (`state.iter < start_powerSGD_iter`): each rank divides its buffer by W, then sum.
 - compressed steps, per bucket in index order: error feedback added to the rank's buffer (a zero
@@ -161,18 +162,23 @@ def bucket_layout(scenario, named: list[tuple[str, Tensor]], ready_order: list[s
 
 
 def ready_order(scenario) -> list[str]:
-    """The order rank 0's gradients become ready in its first backward (what DDP's rebuild records)."""
+    """The order rank 0's gradients become ready in its first backward (what DDP's rebuild records):
+    the ranks' own model (checkpointing as asked) under the scenario's autocast, whose casts change
+    the order (a weight's gradient before its bias's)."""
+    from conformance.features import Features, autocast, model_kwargs
     from conformance.models.data import build_model, loss_fn, make_inputs
 
-    model = build_model(scenario.model, scenario.kwargs(), seed=scenario.seed, rank=0, dtype=scenario.dtype,
-                        device=scenario.device, exact=scenario.exact_data)
+    feats = Features.of(scenario)
+    model = build_model(scenario.model, model_kwargs(scenario, feats, oracle=False), seed=scenario.seed, rank=0,
+                        dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data)
     order: list[str] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(lambda _p, name=name: order.append(name))
     (x,) = make_inputs(scenario.model, seed=scenario.seed, rank=0, step=0, micro=0, size=scenario.shard_size(0),
                        dtype=scenario.dtype, device=scenario.device)
-    loss = loss_fn(model(x, rank=0, micro=0))
+    with autocast(feats, scenario.device):
+        loss = loss_fn(model(x, rank=0, micro=0))
     if loss.requires_grad:
         loss.backward()
     return order
@@ -194,7 +200,10 @@ class PowerSGDSimulator:
         self.orders = discover_all(self.W, probed)
         self.shapes = {n: p.shape for n, p in named}
         self.buckets = bucket_layout(scenario, named, ready_order(scenario))
-        self.initial = bucket_layout(scenario, named, [], initial=True)  # iteration 0's (warm-up only)
+        self.initial = bucket_layout(scenario, named, [], initial=True)  # before the rebuild (warm-up only)
+        # The reducer rebuilds its buckets at the forward after the first backward; with static_graph
+        # one iteration later (torch DDP: iterations 0 and 1 reduce the initial bucket).
+        self.rebuild_at = 2 if scenario.options.static_graph else 1
         self.rng = np.random.RandomState(cfg.random_seed)
         self.iter = 0
         self.errors: list[dict[int, Tensor]] = [{} for _ in range(self.W)]
@@ -215,7 +224,7 @@ class PowerSGDSimulator:
         """The gradients every rank holds after this synced backward (None: used by no rank)."""
         out: dict[str, Tensor | None] = {}
         compressing = self.iter >= self.cfg.start_powerSGD_iter
-        for index, names in enumerate(self.initial if self.iter == 0 else self.buckets):
+        for index, names in enumerate(self.initial if self.iter < self.rebuild_at else self.buckets):
             flats = []
             for r in range(self.W):
                 parts = [local[r][n] if local[r][n] is not None else torch.zeros(self.shapes[n]) for n in names]

@@ -204,3 +204,77 @@ def test_a_broken_hook_fails(torch_runs, name):
     assert bad, f"{name}: no step differs from the oracle"
     assert bad[0] <= START  # caught at the first compressed step (or before: no division)
 
+
+
+LAYOUT_SCENARIOS = ("ddp/plain/transformer/w2/fp32", "ddp/static-graph/transformer/w3/fp32",
+                    "ddp/autocast-bf16/transformer/w3/fp32", "ddp/ckpt-reentrant-static/ckpt-mlp/w4/fp32",
+                    "ddp/bucket-tiny/transformer/w2/fp32", "ddp/unused-static-graph/branches/w2/fp32")
+
+
+def _buckets_torch_reduces(port, queue):
+    """torch DDP's buckets as a comm hook sees them, 3 iterations per scenario (a 1-rank world)."""
+    import torch.distributed as dist
+
+    from conformance.features import Features, autocast, model_kwargs
+    from conformance.models.data import build_model, loss_fn, make_inputs
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    out = {}
+    for sid in LAYOUT_SCENARIOS:
+        s = next(x for x in catalogue.select(profile="standard") if x.id == sid)
+        feats = Features.of(s)
+        model = build_model(s.model, model_kwargs(s, feats, oracle=False), seed=s.seed, rank=0, dtype=s.dtype,
+                            device="cpu", exact=s.exact_data)
+        names = {id(p): n for n, p in model.named_parameters()}
+        o = s.options
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, static_graph=o.static_graph, find_unused_parameters=o.find_unused_parameters,
+            **({"bucket_cap_mb": o.bucket_cap_mb} if o.bucket_cap_mb is not None else {}))
+        seen, it = [], [0]
+
+        def hook(_, bucket, seen=seen, it=it, names=names):
+            seen.append((it[0], bucket.index(), [names[id(p)] for p in bucket.parameters()]))
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp.register_comm_hook(None, hook)
+        for step in range(3):
+            it[0] = step
+            (x,) = make_inputs(s.model, seed=s.seed, rank=0, step=step, micro=0, size=s.shard_size(0), dtype=s.dtype,
+                               device="cpu")
+            with autocast(feats, "cpu"):
+                loss = loss_fn(ddp(x, rank=0, micro=0))
+            loss.backward()
+        out[sid] = seen
+    queue.put(out)
+    dist.destroy_process_group()
+
+
+def test_the_simulated_buckets_are_the_ones_torch_ddp_reduces():
+    """Every iteration's bucket layout (before and after the rebuild; static_graph rebuilds one
+    iteration later; autocast changes the ready order), against the buckets torch's hook receives.
+    At 2 ranks a wrong layout hides (the sum is element-wise and order-free); at 3 it does not."""
+    from conformance.powersgd_oracle import PowerSGDSimulator
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_buckets_torch_reduces, args=(port, queue))
+    proc.start()
+    seen = queue.get(timeout=300)
+    proc.join(timeout=60)
+    for sid, buckets in seen.items():
+        s = next(x for x in catalogue.select(profile="standard") if x.id == sid).with_(world_size=2)
+        from conformance.features import Features, model_kwargs
+        from conformance.models.data import build_model
+
+        model = build_model(s.model, model_kwargs(s, Features.of(s), oracle=True), seed=s.seed, rank=0, dtype=s.dtype,
+                            device="cpu", exact=s.exact_data)
+        sim = PowerSGDSimulator(VARIANTS["powerSGD_hook"], s, [(n, p) for n, p in model.named_parameters()])
+        for iteration, index, names in buckets:
+            layout = sim.initial if iteration < sim.rebuild_at else sim.buckets
+            assert names == layout[index], (sid, iteration, index)
