@@ -78,6 +78,22 @@ def _import(ref: str, what: str):
         raise AdapterError(f"module {module_name!r} has no attribute {attr!r} (from {what} {ref!r})") from None
 
 
+def _build(factory, spec: str):
+    """Call an adapter factory; what it raises becomes one line that says what to do (an engine the
+    factory imports but that is not installed is the usual case), not a traceback with exit 1."""
+    try:
+        return factory()
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or str(exc)
+        raise AdapterError(
+            f"adapter {spec!r} needs {missing!r}, which cannot be imported ({exc}); install the engine it adapts "
+            "in this environment, or pick another adapter (`gradparity list`)"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - a user's factory can raise anything; say so in one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise AdapterError(f"adapter {spec!r}: its factory raised {type(exc).__name__}: {first}; fix the factory") from exc
+
+
 @functools.cache
 def load(spec: str):
     """Build the adapter named by `spec` (cached per process)."""
@@ -103,7 +119,7 @@ def load(spec: str):
         factory = _import(spec, "adapter")
     else:
         raise AdapterError(f"unknown adapter {spec!r}; known: {', '.join(sorted(known))} (or pass pkg.module:factory)")
-    adapter = factory() if callable(factory) and not hasattr(factory, "wrap") else factory
+    adapter = _build(factory, spec) if callable(factory) and not hasattr(factory, "wrap") else factory
     for attr in ("name", "area", "capabilities"):
         if not hasattr(adapter, attr):
             raise AdapterError(f"adapter {spec!r} has no {attr!r}: see conformance.adapters.protocol.Adapter")

@@ -43,3 +43,29 @@ def test_errors_are_one_line_and_actionable(spec, message):
     with pytest.raises(registry.AdapterError) as info:
         registry.load(spec)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def _factory_of_an_engine_not_installed():
+    import no_such_engine_installed  # noqa: F401 - what an adapter of an absent engine does
+
+    raise AssertionError("unreachable")
+
+
+def _factory_that_raises():
+    raise ValueError("bucket_cap_mb must be positive\nsecond line")
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("_factory_of_an_engine_not_installed", "needs 'no_such_engine_installed', which cannot be imported"),
+        ("_factory_that_raises", "its factory raised ValueError: bucket_cap_mb must be positive; fix the factory"),
+    ],
+)
+def test_a_factory_that_fails_is_one_actionable_line(factory, message):
+    """Found by the Lightning Fabric newcomer run: an adapter whose engine was not installed ended
+    in a 27-line traceback and exit status 1, not the one line and exit 2 of any other bad input."""
+    registry.load.cache_clear()
+    with pytest.raises(registry.AdapterError) as info:
+        registry.load(f"tests.conformance.test_registry:{factory}")
+    assert message in str(info.value) and "\n" not in str(info.value)
