@@ -32,23 +32,35 @@ class Mismatch:
     # The next-worst failing elements: (index, expected, actual, outside, outside in ulps).
     others: list[tuple[tuple[int, ...], float, float, float, float]] | None = None
 
+    # Failing elements whose expected value is 0: no relative error or ulp count means anything there.
+    zero_expected: int = 0
+
     def render(self) -> str:
         line = f"{self.name}: {self.problem}"
         if self.worst_index is not None:
             line += (
-                f"; max abs err {self.max_abs:.3g}, max rel err {_relative(self.max_rel)}, worst at index "
-                f"{list(self.worst_index)}: expected {self.expected_value!r}, actual {self.actual_value!r}"
+                f"; max abs err {self.max_abs:.3g}, max rel err {_relative(self.max_rel, self.zero_expected)}, "
+                f"worst at index {list(self.worst_index)}: expected {self.expected_value!r}, actual {self.actual_value!r}"
             )
         if self.outside is not None:
-            line += f"; {self.outside:.3g} outside the rule ({self.outside_ulps:.3g} ulps)"
+            line += f"; {self.outside:.3g} outside the rule{_in_ulps(self.outside_ulps, self.expected_value)}"
         for index, e, a, out, ulps in self.others or ():
-            line += f"; at {list(index)}: expected {e!r}, actual {a!r}, {out:.3g} outside ({ulps:.3g} ulps)"
+            line += f"; at {list(index)}: expected {e!r}, actual {a!r}, {out:.3g} outside{_in_ulps(ulps, e)}"
         return line
 
 
-def _relative(value: float) -> str:
-    """A relative error for people: where the expected value is 0 there is no ratio to print."""
-    return "inf (expected 0)" if value == float("inf") else f"{value:.3g}"
+def _relative(value: float, zero_expected: int = 0) -> str:
+    """A relative error for people, over the failing elements whose expected value is not 0 (a
+    ratio to 0 means nothing, and an `inf` there hid the ratio of the element shown as worst)."""
+    if value == float("inf") or (zero_expected and value == 0.0):
+        return "n/a (every failing element expects 0)"
+    return f"{value:.3g}" + (f" ({zero_expected} failing elements expect 0)" if zero_expected else "")
+
+
+def _in_ulps(ulps: float | None, expected: float | None) -> str:
+    """ " (N ulps)" of the dtype's spacing at the expected value; nothing where that is 0 (the
+    spacing there is the smallest subnormal, which printed 4.25e+37 ulps for an error of 0.5)."""
+    return "" if ulps is None or expected == 0.0 else f" ({ulps:.3g} ulps)"
 
 
 def compare_tensor(name: str, expected: Tensor | None, actual: Tensor | None, tol: Tolerance) -> Mismatch | None:
@@ -95,9 +107,10 @@ def compare_tensor(name: str, expected: Tensor | None, actual: Tensor | None, to
 def _mismatch(name: str, problem: str, bad: Tensor, ef: Tensor, af: Tensor, outside: Tensor, like: Tensor) -> Mismatch:
     """The worst failing element (the farthest outside the rule), with its expected and actual values."""
     diff = (af - ef).abs()
-    # Relative to the expected value; where that is 0 any difference is infinitely relative, and
-    # the message says so instead of dividing by the smallest float (which printed 8.99e+307).
-    rel = torch.where(ef != 0, diff / ef.abs(), torch.where(diff > 0, float("inf"), 0.0))
+    # Relative to the expected value, over the elements where that is not 0; the others are
+    # counted (`zero_expected`) and the message says so instead of dividing by the smallest float.
+    rel = torch.where(ef != 0, diff / ef.abs().clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    zero_expected = int((bad & (ef == 0)).sum())
     masked = torch.where(bad, outside.nan_to_num(float("inf")), torch.full_like(outside, -1.0))
     flat = int(masked.flatten().argmax()) if masked.numel() else 0
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), like.shape)) if like.dim() else ()
@@ -119,7 +132,7 @@ def _mismatch(name: str, problem: str, bad: Tensor, ef: Tensor, af: Tensor, outs
         worst_index=index,
         expected_value=float(ef.flatten()[flat]) if ef.numel() else None,
         actual_value=float(af.flatten()[flat]) if af.numel() else None,
-        outside=worst, outside_ulps=worst / spacing, others=others,
+        outside=worst, outside_ulps=worst / spacing, others=others, zero_expected=zero_expected,
     )
 
 

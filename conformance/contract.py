@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from conformance.baseline import Baseline
 from conformance.compare import EXACT_ACROSS_RANKS, ConformanceError, compare_dicts, failure_message
 from conformance.envelope import Envelope, rule_of
+from conformance.failure import RanksRaised, first_line
 from conformance.semantics import TORCH_DDP, Buffers, Semantics
 from conformance.spec import Expect, Scenario, Tolerance
 
@@ -145,11 +146,14 @@ def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol
             if scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and all(errors.values()) and not present:
                 break
             absent = sorted(set(range(scenario.world_size)) - set(present))
-            why = "; ".join(f"rank {r}: {errors[r]['type']}: {errors[r]['message']}" for r in absent if errors.get(r))
-            raise ConformanceError(
-                f"[{scenario.id}] adapter {adapter}: rank(s) {absent} stopped before {expected.where()}"
-                + (f" ({why})" if why else "") + (f"\n  repro: {repro}")
-            )
+            raisers = [r for r in absent if errors.get(r)]
+            why = "; ".join(f"rank {r}: {errors[r]['type']}: {errors[r]['message']}" for r in raisers)
+            message = (f"[{scenario.id}] adapter {adapter}: rank(s) {absent} produced no record for {expected.where()}"
+                       + (f" ({why})" if why else "") + f"\n  repro: {repro}")
+            if raisers:  # the implementation raised there: class `raised`, not a wrong value
+                first = errors[raisers[0]]
+                raise RanksRaised(message, f"rank {raisers[0]} raised {first['type']}: {first_line(first['message'])}")
+            raise ConformanceError(message)
         for rank in present:
             actual = records[rank]["events"][index]
             if (actual["kind"], actual["step"]) != (expected.kind, expected.step):

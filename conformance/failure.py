@@ -168,6 +168,17 @@ class ImplementationRaised(ConformanceError):
         self.cause = f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
+class RanksRaised(ConformanceError):
+    """Some ranks' implementation raised, so their records stop short (the DDP-family judge):
+    a raise, not a wrong value; the cause names the first rank's exception."""
+
+    failure_class = FailureClass.RAISED
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
 def run_failed(scenario_id: str, adapter_spec: str, outcome, *, where: str = "", repro: str = "") -> RunFailed:
     """The error a driver raises when `outcome` is not ok: the class first, then every rank's story."""
     classified = classify_outcome(outcome)

@@ -72,10 +72,16 @@ def test_an_integer_buffer_mismatch_is_a_wrong_value_not_a_crash():
     assert m is not None and m.worst_index == (1,)
 
 
-def test_a_difference_where_zero_was_expected_reads_as_infinitely_relative_not_a_huge_number():
-    """An expected 0 has no ratio: the message says so (it printed 8.99e+307 before)."""
-    m = compare_tensor("w", torch.tensor([0.0, 2.0]), torch.tensor([0.5, 2.0]), Tolerance())
-    assert m is not None and m.max_rel == float("inf")
-    assert "max rel err inf (expected 0)" in m.render() and "e+307" not in m.render()
+def test_a_difference_where_zero_was_expected_reads_as_no_ratio_not_a_huge_number():
+    """An expected 0 has no ratio and no ulp scale: the message says so (it printed 8.99e+307, then
+    `inf` even when the element shown as worst had a ratio, and 4.25e+37 ulps for an error of 0.5)."""
+    m = compare_tensor("w", torch.tensor([0.0, 2.0]), torch.tensor([0.5, 2.0]), EXACT)
+    assert m is not None and m.zero_expected == 1
+    text = m.render()
+    assert "max rel err n/a (every failing element expects 0)" in text and "e+307" not in text and "ulps" not in text
+    m = compare_tensor("w", torch.tensor([0.0, -46.0]), torch.tensor([0.5, 12.0]), EXACT)
+    text = m.render()
+    assert "max rel err 1.26 (1 failing elements expect 0), worst at index [1]: expected -46.0" in text
+    assert "at [0]: expected 0.0, actual 0.5, 0.5 outside;" in text + ";"
     m = compare_tensor("w", torch.tensor([0.0, 2.0]), torch.tensor([0.0, 3.0]), Tolerance())
     assert m is not None and m.max_rel == 0.5 and "max rel err 0.5," in m.render()

@@ -146,3 +146,30 @@ def test_compare_tensor_none_and_dtype():
     assert "expected grad None" in compare_tensor("p", None, torch.zeros(3), EXACT).problem
     assert "dtype" in compare_tensor("p", a, a.to(torch.float16), EXACT).problem
     assert compare_tensor("p", None, None, EXACT) is None
+
+
+def test_a_rank_that_raised_before_its_record_is_class_raised_not_a_wrong_value():
+    """Found by the Lightning Fabric newcomer run: a rank whose engine raised in backward was
+    reported as a `wrong value` ("stopped before after backward"); it is a raise, and says so."""
+    from conformance.failure import FailureClass, classify_exception
+
+    _, records = _oracle()
+    for r in range(W):
+        records[r]["events"] = []
+        records[r]["error"] = {"type": "AssertionError", "message": "First bucket should be smaller\nmore", "step": 0}
+    with pytest.raises(ConformanceError) as info:
+        _check(records)
+    classified = classify_exception(info.value)
+    assert classified.failure_class is FailureClass.RAISED
+    assert classified.cause == "rank 0 raised AssertionError: First bucket should be smaller"
+    assert "produced no record for after backward (step 0" in str(info.value)
+
+
+def test_a_rank_that_stops_short_without_an_error_stays_a_wrong_value():
+    from conformance.failure import FailureClass, classify_exception
+
+    _, records = _oracle()
+    records[1]["events"] = records[1]["events"][:1]
+    with pytest.raises(ConformanceError) as info:
+        _check(records)
+    assert classify_exception(info.value).failure_class is FailureClass.WRONG_VALUE
