@@ -78,7 +78,8 @@ class CorrectFSDP2(TorchFSDP2):
     base = "conformance.mutants.sharded:correct_fsdp2"
 
     def wrap(self, module, ctx, options):
-        return _CountingFSDP2Wrapped(super().wrap(module, ctx, options).module)
+        wrapped = super().wrap(module, ctx, options)
+        return _CountingFSDP2Wrapped(wrapped.module, rs_only=wrapped.rs_only)  # S21: set_requires_all_reduce
 
     def unavailable(self, scenario):
         """torch-fsdp2's recorded failures (its strict xfail list) are FSDP2's own, not a mutant's:
