@@ -34,7 +34,7 @@ def render(console: Console, results: list[dict], written: dict | None, unmatche
     for r in results:
         by_adapter[r["adapter"]][r["verdict"]] += 1
     table = Table(title="gradparity conformance summary", show_lines=False)
-    table.add_column("adapter")
+    table.add_column("adapter", overflow="fold")  # a long pkg.module:factory spec wraps, never "…"-cut
     for verdict in COLUMNS:
         table.add_column(verdict, justify="right", style=STYLE[verdict])
     table.add_column("verdict")

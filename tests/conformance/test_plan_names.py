@@ -43,6 +43,15 @@ def test_user_strings_are_not_rich_markup():
     assert "[bold]not markup[/]" in text
 
 
+def test_a_long_adapter_spec_wraps_in_the_summary_and_is_never_cut():
+    """Found by the Lightning Fabric newcomer run: the table showed `lightning_fabric_adapt…`."""
+    spec = "lightning_fabric_adapter:factory_with_a_long_name"
+    out = io.StringIO()
+    render(Console(file=out, width=100, emoji=False), [{"adapter": spec, "verdict": "passed", "case": f"{spec}|x"}], None, [])
+    text = "".join(line.strip(" │|") for line in out.getvalue().splitlines())
+    assert "…" not in out.getvalue() and "lightning_fabric_adapter:fa" in text
+
+
 def test_under_k_an_entry_the_expression_selects_but_the_profile_lacks_warns(tmp_path):
     """`-k tied-bf16` on the quick profile runs nothing of that scenario (it is standard-only): a user's
     xfail for it is silently unused unless said."""
