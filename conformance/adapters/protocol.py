@@ -121,8 +121,9 @@ class WrapContext(Protocol):
         """The `torch.distributed` process group the engine's collectives use: exactly this
         scenario's ranks. Today it is the default group (`dist.group.WORLD`) of a world the pool or
         torchrun started for this world size; the harness's only collective on it is one check
-        all-reduce after each task (proving nothing was left pending), so an engine that reaches for the default group itself (Lightning
-        Fabric, Accelerate, `fabric.save`'s barrier) is judged correctly. Hand the engine this
+        all-reduce after each task (proving nothing was left pending), so an engine that reaches
+        for the default group itself (Lightning Fabric, Accelerate, `fabric.save`'s barrier) is
+        judged correctly. Hand the engine this
         group explicitly where it takes one: that keeps the adapter right if a world ever holds
         more ranks than a scenario."""
         ...
