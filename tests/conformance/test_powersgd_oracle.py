@@ -278,3 +278,19 @@ def test_the_simulated_buckets_are_the_ones_torch_ddp_reduces():
         for iteration, index, names in buckets:
             layout = sim.initial if iteration < sim.rebuild_at else sim.buckets
             assert names == layout[index], (sid, iteration, index)
+
+
+def test_at_3_ranks_without_a_probe_the_oracle_refuses_to_judge():
+    """No rank-order guess: a record without the probe is an infrastructure error, never a verdict."""
+    from conformance.allreduce_order import OrderUnknown, discover
+    from conformance.failure import FailureClass, classify_exception
+    from conformance.powersgd_oracle import PowerSGDSimulator
+
+    s = _scenario(3)
+    named = [(n, torch.empty(shape)) for n, shape in (("layers.0.weight", (16, 8)), ("layers.0.bias", (16,)))]
+    with pytest.raises(ValueError, match="needs the backend's summation order") as refused:
+        PowerSGDSimulator(VARIANTS["powerSGD_hook"], s, named, None)
+    assert classify_exception(refused.value).failure_class == FailureClass.INFRASTRUCTURE
+    with pytest.raises(OrderUnknown) as unknown:  # two probe runs that disagree: timing-dependent order
+        discover(3, 2, torch.stack([torch.zeros(9, 2), torch.ones(9, 2)]))
+    assert classify_exception(unknown.value).failure_class == FailureClass.INFRASTRUCTURE
