@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conformance.catalogue.profiles import FULL, STANDARD
+from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, WrapOptions
 
@@ -77,19 +77,19 @@ def scenarios() -> list[Scenario]:
         m("two-forwards-no-sync", "mlp", "S15", w=2, steps=1, micro_batches=2, model_kwargs=two, options=NESTED,
           profiles=STANDARD, description="two forwards per micro-batch, the first micro-batch without sync"),
         # S16: state-dict round trips
-        ckpt("sharded", profiles=STANDARD),
+        ckpt("sharded", profiles=QUICK),
         ckpt("full"),
         ckpt("sharded", optimizer="adam", options=NESTED),
         ckpt("sharded", w=4, optimizer="adam"),
         ckpt("full", model="transformer", optimizer="adam", options=NESTED, profiles=FULL),
         # S17: CPUOffloadPolicy
-        m("cpu-offload", "mlp", "S17", w=2, options=offload, need=(C.CPU_OFFLOAD,), profiles=STANDARD,
+        m("cpu-offload", "mlp", "S17", w=2, options=offload, need=(C.CPU_OFFLOAD,), profiles=QUICK,
           description="FSDP2 CPUOffloadPolicy: shards and the optimizer step on CPU"),
         m("cpu-offload-nested", "mlp", "S17", w=2, micro_batches=2, optimizer="adam",
           options=replace(NESTED, cpu_offload=True), need=(C.CPU_OFFLOAD,), profiles=STANDARD),
         # S18: a custom shard_placement_fn with uneven sizes
         m("shard-placement", "mlp", "S18", w=2, model_kwargs=uneven, options=placed, need=(C.SHARD_PLACEMENT,),
-          profiles=STANDARD, description="shard_placement_fn: dim 1 where W divides it, else dim 0 (17 and 3 rows)"),
+          profiles=QUICK, description="shard_placement_fn: dim 1 where W divides it, else dim 0 (17 and 3 rows)"),
         m("shard-placement", "mlp", "S18", w=4, model_kwargs=uneven, options=replace(NESTED, shard_placement="dim1-if-even"),
           need=(C.SHARD_PLACEMENT,), profiles=STANDARD),
         m("shard-placement-no-sync", "mlp", "S18", w=2, micro_batches=2, model_kwargs=uneven, options=placed,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conformance.catalogue.profiles import FULL, STANDARD
+from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, WrapOptions
 
@@ -48,7 +48,7 @@ def scenarios() -> list[Scenario]:
         return s.with_(clauses=tuple(sorted(set(clauses_of(s)) | extra, key=lambda x: int(x[1:]))))
 
     return [
-        m("hsdp-2x1-rs-accumulate", "mlp", 2, w=2, micro=2, profiles=STANDARD,
+        m("hsdp-2x1-rs-accumulate", "mlp", 2, w=2, micro=2, profiles=QUICK,
           description="HSDP (2, 1) mesh, set_requires_all_reduce(False) on the first micro-batch: the "
                       "replicas' accumulated chunks all-reduced only on the last"),
         m("hsdp-2x2-rs-accumulate", "mlp", 2, w=4, micro=2, profiles=STANDARD,

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from conformance.catalogue.ddp_scenario import make
-from conformance.catalogue.profiles import FULL, STANDARD
+from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.spec import Capability as C
 from conformance.spec import (
     Scenario,
@@ -78,13 +78,13 @@ def mixed_precision_scenarios() -> list[Scenario]:
           description="MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 compute, fp32 reduce, fp32 shards"),
         m("mp-bf16-reduce-fp32", "mlp", "float32", w=4, units="children", profiles=STANDARD),
         m("mp-bf16-reduce-fp32", "transformer", "float32", units="children", optimizer="adam", profiles=STANDARD),
-        m("mp-bf16-reduce-bf16", "mlp", "bfloat16", profiles=STANDARD,
+        m("mp-bf16-reduce-bf16", "mlp", "bfloat16", profiles=QUICK,
           description="MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16): the sum rounded in bf16, cast back"),
         m("mp-bf16-reduce-bf16", "mlp", "bfloat16", w=4, profiles=STANDARD),  # root only: FSDP1 runs it too
         # Inside no_sync(): the local sum of bf16 micro-batch gradients is kept in reduce_dtype (FSDP2,
         # refimpl) or in param_dtype (FSDP1), declared (conformance.semantics.MixedAccumulation) and
         # modelled exactly; three micro-batches, so a bf16 running sum rounds twice.
-        m("mp-bf16-reduce-fp32-no-sync", "mlp", "float32", micro_batches=3, profiles=STANDARD,
+        m("mp-bf16-reduce-fp32-no-sync", "mlp", "float32", micro_batches=3, profiles=QUICK,
           description="MixedPrecisionPolicy(bf16, reduce fp32) inside no_sync(): the local sum of three micro-batches "
                       "in the declared dtype, reduced in fp32"),
         m("mp-bf16-reduce-fp32-no-sync", "mlp", "float32", w=4, micro_batches=2, profiles=STANDARD),

@@ -31,7 +31,7 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
     depth |= {s.id for s in sharded_families.scenarios()}
     import importlib
 
-    for block in ("sharded_precision", "sharded_clip"):  # issue 26 part A, issue 25: blocks of their own
+    for block in ("sharded_precision", "sharded_clip", "sharded_hsdp"):  # issue 26 (A, S21), issue 25: blocks of their own
         depth |= {s.id for s in importlib.import_module(f"conformance.catalogue.{block}").scenarios()}
     assert {s.id for s in full} - depth <= ddp_ids
     assert all(s.options.units or s.options.reshard_after_forward is False or s.options.hsdp_replicas or "skew" in s.id
@@ -40,8 +40,8 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
     assert {s.world_size for s in catalogue.select(area="sharded", profile="standard")} == {1, 2, 3, 4}
     quick = catalogue.select(area="sharded", profile="quick")
     # issue 30: + one scenario per mutant whose bug shows at 2 ranks, the idle rank inside no_sync()
-    # included (issue 25: + clip-grad-norm, S22)
-    assert 3 <= len(quick) <= 15
+    # included, and one w2 scenario for each of issue 26's families (S15-S21) (issue 25: + clip-grad-norm, S22)
+    assert 3 <= len(quick) <= 22
 
 
 def test_capabilities_are_declared_per_adapter():
