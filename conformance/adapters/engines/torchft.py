@@ -53,6 +53,11 @@ from conformance.spec import Capability as C
 
 INSTALL = "pip install -c constraints.txt 'gradparity[torchft]'  (torchft==0.2.*)"
 TIMEOUT = timedelta(seconds=60)
+# A quorum waits for every replica to reach it; after a rebuild in the same processes (checkpoint
+# round trip, determinism repeat) the ranks arrive as fast as a loaded machine lets them rebuild:
+# at load 40-60 on 2 cores one waited past 60 s (checkpoint-round-trip-scaler/w3). A real hang is
+# still the harness's (case timeout), so the quorum's own deadline is generous.
+QUORUM_TIMEOUT = timedelta(seconds=300)
 SEMANTICS = Semantics(
     buffers=Buffers.CONSTRUCTION_ONLY,
     sources=("torchft/ddp.py: DistributedDataParallel passes ProcessGroupDummy(0, 1) to torch DDP and all-reduces "
@@ -210,7 +215,7 @@ class TorchFTAdapter:
             pg=pg, load_state_dict=load_state_dict, state_dict=state_dict, min_replica_size=ctx.world_size,
             use_async_quorum=self.use_async_quorum, rank=0, world_size=1, store_addr="127.0.0.1", store_port=port,
             lighthouse_addr=address[0], replica_id=f"gradparity_{ctx.rank}", hostname="127.0.0.1",
-            checkpoint_transport=PGTransport(pg, TIMEOUT, torch.device("cpu")), timeout=TIMEOUT, quorum_timeout=TIMEOUT,
+            checkpoint_transport=PGTransport(pg, TIMEOUT, torch.device("cpu")), timeout=TIMEOUT, quorum_timeout=QUORUM_TIMEOUT,
         )
         ddp = DistributedDataParallel(manager, module)
         wrapped = TorchFTWrapped(ddp, manager, lighthouse, store)
