@@ -11,8 +11,11 @@ Mirrors ``torch.distributed.autograd`` + ``torch.distributed.rpc``::
 
 Modules: ``context`` (ids, thread-local current context, container), ``lifetime`` (opening
 and releasing contexts and graphs on every worker), ``functions`` (send/recv
-autograd functions and payload packing), ``engine`` (backward, cleanup, debug info), ``rpc``
-(recording wrappers), ``optimizer`` (DistributedOptimizer).
+autograd functions and payload packing), ``capture`` (taking gradients in a local run),
+``engine`` (backward, cleanup, debug info), ``credit`` (when a pass is over), ``messaging``
+(sending a message: channel or RPC), ``channel`` (the direct gradient channel between workers),
+``connection`` (one of its TCP connections), ``frames`` (its wire format), ``rpc`` (recording
+wrappers), ``optimizer`` (DistributedOptimizer).
 """
 
 from .context import (

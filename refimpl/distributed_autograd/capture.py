@@ -29,6 +29,7 @@ once: a plain ``backward`` through the leaf pays one Python call.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -45,21 +46,25 @@ _TLS_KEY = "refimpl.distributed_autograd.capture"
 
 
 class Capture:
-    """Gradients taken during one local run: per leaf tensor, and per received tensor."""
+    """Gradients taken during one local run: per leaf tensor, and per received tensor.
+
+    ``leaves`` is keyed by ``id(leaf)`` (the entry holds the leaf, so the id stays its own):
+    a tensor's ``__hash__`` is a Python method, a call per lookup, twice per leaf and run.
+    ``recvs`` groups the gradients of received tensors by the worker they came from, as the
+    run's messages go out (engine.py).
+    """
 
     __slots__ = ("context_id", "epoch", "leaves", "recvs")
 
     def __init__(self, context_id: int, epoch: int) -> None:
         self.context_id = context_id
         self.epoch = epoch
-        self.leaves: dict[torch.Tensor, torch.Tensor] = {}
-        self.recvs: list[tuple[int, int, torch.Tensor]] = []  # (origin, send id, grad)
+        self.leaves: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (leaf, grad)
+        self.recvs: dict[int, list[tuple[int, torch.Tensor]]] = {}  # origin -> [(send id, grad)]
 
-
-def _current() -> Capture | None:
-    if autograd_tls_has(_TLS_KEY):
-        return autograd_tls_get(_TLS_KEY)
-    return None
+    def leaf_grads(self) -> dict[torch.Tensor, torch.Tensor]:
+        """The leaves' gradients, keyed by leaf."""
+        return dict(self.leaves.values())
 
 
 class active:
@@ -80,26 +85,32 @@ _HANDLE_KEY = "refimpl.distributed_autograd.leaf_hook"
 _install_lock = threading.Lock()
 
 
-def install_leaf_hook(leaf: torch.Tensor, node) -> None:
-    """Make the capture hook of ``leaf`` the last pre-hook of its ``AccumulateGrad`` ``node``
-    (see [Note: the leaf hook stays, and goes last])."""
-    meta = node.metadata
-    if _is_last(meta.get(_HANDLE_KEY)):
-        return  # the common case, without the lock
-    with _install_lock:  # runs of several contexts may share the leaf (a parameter server)
+def install_leaf_hooks(leaves: list[torch.Tensor], nodes: list) -> None:
+    """Make the capture hook of each leaf the last pre-hook of its ``AccumulateGrad`` node
+    (see [Note: the leaf hook stays, and goes last]). One call per run, not per leaf: a run
+    through 100 new nodes registers 100 hooks."""
+    for leaf, node in zip(leaves, nodes, strict=True):
+        meta = node.metadata
         handle = meta.get(_HANDLE_KEY)
-        if _is_last(handle):
-            return
-        # A new registration goes last; the old one is removed only after it, so a backward
-        # running meanwhile on another thread always finds one capture hook.
-        meta[_HANDLE_KEY] = node.register_prehook(leaf_hook(leaf))
-        if handle is not None:
-            handle.remove()
+        if handle is not None and _is_last(handle):
+            continue  # the common case for a kept node, without the lock
+        with _install_lock:  # runs of several contexts may share the leaf (a parameter server)
+            handle = meta.get(_HANDLE_KEY)
+            if handle is not None and _is_last(handle):
+                continue
+            # A new registration goes last; the old one is removed only after it, so a
+            # backward running meanwhile on another thread always finds one capture hook.
+            meta[_HANDLE_KEY] = node.register_prehook(functools.partial(_capture_leaf, leaf))
+            if handle is not None:
+                handle.remove()
+
+
+def install_leaf_hook(leaf: torch.Tensor, node) -> None:
+    """:func:`install_leaf_hooks` for one leaf."""
+    install_leaf_hooks([leaf], [node])
 
 
 def _is_last(handle) -> bool:
-    if handle is None:
-        return False
     hooks = hook_dict(handle)
     try:
         return hooks is not None and next(reversed(hooks)) == handle.id
@@ -110,21 +121,23 @@ def _is_last(handle) -> bool:
 _EMPTY = (None,)
 
 
+def _capture_leaf(leaf: torch.Tensor, grad_outputs):
+    """A run's pre-hook for ``leaf``'s ``AccumulateGrad`` node (bound to the leaf by a
+    ``functools.partial``): take the gradient, let the node run empty. It runs once per leaf in
+    every local run (100 leaves: 100 calls), so it reads the capture without a helper call."""
+    grad = grad_outputs[0]
+    if grad is None or not autograd_tls_has(_TLS_KEY):
+        return None
+    leaves = autograd_tls_get(_TLS_KEY).leaves
+    key = id(leaf)
+    previous = leaves.get(key)
+    leaves[key] = (leaf, grad) if previous is None else (leaf, previous[1] + grad)
+    return _EMPTY
+
+
 def leaf_hook(leaf: torch.Tensor):
-    """A run's pre-hook for ``leaf``'s ``AccumulateGrad`` node: take the gradient, let the node
-    run empty. It runs once per leaf in every local run (100 leaves: 100 calls), so it reads
-    the capture without a helper call."""
-
-    def hook(grad_outputs):
-        grad = grad_outputs[0]
-        if grad is None or not autograd_tls_has(_TLS_KEY):
-            return None
-        leaves = autograd_tls_get(_TLS_KEY).leaves
-        previous = leaves.get(leaf)
-        leaves[leaf] = grad if previous is None else previous + grad
-        return _EMPTY
-
-    return hook
+    """The capture pre-hook for ``leaf``'s ``AccumulateGrad`` node (:func:`_capture_leaf`)."""
+    return functools.partial(_capture_leaf, leaf)
 
 
 def capture_recv(node, grads) -> None:
@@ -136,11 +149,10 @@ def capture_recv(node, grads) -> None:
     ``send_ids`` (one per tensor, in output order), ``context_id`` and the context's ``epoch``
     then.
     """
-    cap = _current()
-    if cap is None:
+    if not autograd_tls_has(_TLS_KEY):
         return
-    origin = node.origin
-    got = [(origin, sid, g) for sid, g in zip(node.send_ids, grads, strict=True) if g is not None]
+    cap = autograd_tls_get(_TLS_KEY)
+    got = [(sid, g) for sid, g in zip(node.send_ids, grads, strict=True) if g is not None]
     if not got:  # nothing flows back through these tensors: nothing to ship, nothing to check
         return
     if node.context_id != cap.context_id:
@@ -154,4 +166,8 @@ def capture_recv(node, grads) -> None:
             "released by a previous backward(retain_graph=False) in context "
             f"{node.context_id}; pass retain_graph=True to the first backward"
         )
-    cap.recvs.extend(got)
+    items = cap.recvs.get(node.origin)
+    if items is None:
+        cap.recvs[node.origin] = got
+    else:
+        items.extend(got)

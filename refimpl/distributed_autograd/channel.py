@@ -39,8 +39,8 @@ unanswered after the RPC timeout (``rpc.get_rpc_timeout()``) fails too. The engi
 credit of a failed call back with the error, as it does for a failed RPC.
 
 Blocking: a handler forwards gradients, so it sends. A send never blocks its caller on a full
-socket: what does not fit is left to the connection's writer thread. Two handlers sending to
-each other over full connections therefore cannot deadlock.
+socket: what does not fit is left to the connection's writer thread (connection.py [Note: a
+write never blocks its thread]).
 
 Lifetime: one channel per RPC agent (it lives in the context container, context.py); when the
 agent is replaced (shutdown and init again) the old channel is closed.
@@ -59,12 +59,12 @@ import struct
 import threading
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable
 
 import torch
 from torch.distributed import rpc
 
+from .connection import Connection
 from .frames import decode, encode, encode_empty_answer
 
 ENV = "REFIMPL_DIST_AUTOGRAD_CHANNEL"
@@ -78,97 +78,6 @@ OnDone = Callable[[object, "str | None"], None]
 def enabled() -> bool:
     """Whether the engine may use the channel (``REFIMPL_DIST_AUTOGRAD_CHANNEL`` is not ``rpc``)."""
     return os.environ.get(ENV, "socket").strip().lower() != "rpc"
-
-
-# one connection ----------------------------------------------------------------------------------
-def _advance(pieces: list, sent: int) -> list:
-    """The pieces still to write after ``sent`` bytes of them were written."""
-    while pieces and sent >= pieces[0].nbytes:
-        sent -= pieces[0].nbytes
-        pieces = pieces[1:]
-    if sent:
-        pieces = [pieces[0][sent:], *pieces[1:]]
-    return pieces
-
-
-class Connection:
-    """A TCP connection whose writes are ordered and never block the writing thread."""
-
-    def __init__(self, sock: socket.socket, peer: int) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.rfile = sock.makefile("rb", buffering=1 << 16)
-        self.closed: str | None = None  # why, once closed
-        self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)
-        self._pending: deque = deque()  # frames' bytes not yet written (copies), in order
-        self._writer: threading.Thread | None = None
-
-    def write(self, frame: tuple[list, list]) -> None:
-        """Write ``frame`` now as far as the socket takes it; the rest is copied and left to the
-        writer thread. A frame may borrow a tensor's bytes (frames.py [Note: frames borrow]):
-        nothing of it is read after this returns."""
-        pieces, _borrowed = frame
-        with self._lock:
-            if self.closed is not None:
-                raise ConnectionError(f"connection to worker {self.peer} is closed: {self.closed}")
-            if not self._pending:
-                try:
-                    while pieces:
-                        pieces = _advance(
-                            pieces, self.sock.sendmsg(pieces, [], socket.MSG_DONTWAIT)
-                        )
-                except BlockingIOError:
-                    pass
-                except OSError as exc:
-                    self._close_locked(f"{exc}")
-                    raise ConnectionError(f"sending to worker {self.peer} failed: {exc}") from exc
-                if not pieces:
-                    return
-            self._pending.append([memoryview(bytes(piece)) for piece in pieces])
-            if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._write_pending,
-                    name=f"refimpl-channel-writer-{self.peer}",
-                    daemon=True,
-                )
-                self._writer.start()
-            self._ready.notify()
-
-    def _write_pending(self) -> None:
-        while True:
-            with self._lock:
-                while not self._pending and self.closed is None:
-                    self._ready.wait()
-                if self.closed is not None:
-                    return
-                pieces = self._pending[0]
-            try:
-                while pieces:
-                    pieces = _advance(pieces, self.sock.sendmsg(pieces))
-            except OSError as exc:
-                self.close(f"{exc}")
-                return
-            with self._lock:
-                if self.closed is not None:  # close() cleared the queue meanwhile
-                    return
-                self._pending.popleft()
-
-    def close(self, why: str) -> None:
-        with self._lock:
-            self._close_locked(why)
-
-    def _close_locked(self, why: str) -> None:
-        if self.closed is not None:
-            return
-        self.closed = why
-        self._pending.clear()
-        self._ready.notify_all()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
 
 
 # the channel --------------------------------------------------------------------------------------

@@ -122,8 +122,10 @@ class DistAutogradContext:
         with self.lock:
             acc = self.grads
             for tensor, grad in grads.items():
-                previous = acc.get(tensor)
-                acc[tensor] = grad if previous is None else previous + grad
+                known = len(acc)
+                previous = acc.setdefault(tensor, grad)  # one lookup for a first gradient
+                if len(acc) == known:  # there was one
+                    acc[tensor] = previous + grad
 
     def release_graph(self) -> None:
         """Drop the references this context keeps into the autograd graph."""

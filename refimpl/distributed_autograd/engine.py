@@ -52,7 +52,7 @@ from torch.autograd.profiler import record_function
 from .._torch_compat import engine_run_backward, profiler_enabled, sparse_values
 from . import capture, lifetime, messaging
 from . import credit as credit_mod
-from .capture import install_leaf_hook
+from .capture import install_leaf_hooks
 from .context import DistAutogradContext, container
 from .functions import SEND_NAME, RecvBackward
 
@@ -127,25 +127,33 @@ def _own_buffers(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, 
     leaves would share (and a later in-place update of one would corrupt the other). Like
     torch's engine, which holds every captured gradient until the pass ends and so never steals
     a shared one, every gradient whose storage another leaf's gradient also uses is copied;
-    an unshared one is kept without a copy.
+    an unshared one is kept without a copy. Returns ``grads``, the replaced buffers updated in
+    place (a dict entry set is a call of the leaf's Python ``__hash__``: only when needed).
     """
     keys: list = []
     shared: set = set()
     if len(grads) > 1:
         seen: set = set()
-        keys = [_storage_key(grad) for grad in grads.values()]
+        strided = torch.strided
+        keys = [
+            grad.untyped_storage().data_ptr() if grad.layout == strided else _storage_key(grad)
+            for grad in grads.values()
+        ]
         for key in keys:
             (shared if key in seen else seen).add(key)
-    out = {}
+    strided = torch.strided
+    replaced = []
     for i, (leaf, grad) in enumerate(grads.items()):
-        if grad.requires_grad:
-            grad = grad.detach()
-        if grad.layout == torch.strided and not grad.is_contiguous():
-            grad = grad.contiguous()
+        own = grad.detach() if grad.requires_grad else grad
+        if own.layout == strided and not own.is_contiguous():
+            own = own.contiguous()
         elif shared and keys[i] in shared:
-            grad = grad.clone()
-        out[leaf] = grad
-    return out
+            own = own.clone()
+        if own is not grad:
+            replaced.append((leaf, own))
+    for leaf, own in replaced:
+        grads[leaf] = own
+    return grads
 
 
 def _storage_key(grad: torch.Tensor) -> int:
@@ -197,20 +205,12 @@ def _run_local(
         if not leaves and not any_recv:
             return {}
         # After any pre-hook a user put on the node (capture.py [Note: the leaf hook stays]).
-        for leaf, node in zip(leaves, nodes, strict=True):
-            install_leaf_hook(leaf, node)
+        install_leaf_hooks(leaves, nodes)
         with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
             _autograd_run(outputs, grad_outputs, retain_graph)
         if cap.leaves:
-            ctx.accumulate_all(_own_buffers(cap.leaves))
-    outbound: dict[int, list[tuple[int, torch.Tensor]]] = {}
-    for origin, send_id, grad in cap.recvs:
-        items = outbound.get(origin)
-        if items is None:
-            outbound[origin] = [(send_id, grad)]
-        else:
-            items.append((send_id, grad))
-    return outbound
+            ctx.accumulate_all(_own_buffers(cap.leaf_grads()))
+    return cap.recvs
 
 
 # messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----

@@ -20,7 +20,7 @@ def test_leaf_hook_takes_the_gradient_and_runs_post_hooks_without_writing_grad()
     handle.remove()
     assert t.grad is None, "the capture must not write .grad"
     assert calls == [1], "post hooks of AccumulateGrad run once per run"
-    assert torch.equal(cap.leaves[t], torch.full((3,), 2.0))
+    assert torch.equal(cap.leaf_grads()[t], torch.full((3,), 2.0))
 
 
 def test_leaf_hook_outside_a_run_leaves_plain_autograd_alone():

@@ -156,3 +156,18 @@ def _check_new_release_and_max_id(world_size):
 @pytest.mark.slow
 def test_new_release_context_and_max_id_in_rpc_world(rpc_world):
     rpc_world.run(_check_new_release_and_max_id)
+
+
+def test_accumulate_all_adds_into_what_the_context_holds_even_the_same_tensor():
+    """A first gradient is kept as is; a later one is added, also when it is the very tensor
+    already held (a backward function may return one cached tensor in two runs)."""
+    from refimpl.distributed_autograd.context import DistAutogradContext
+
+    ctx = DistAutogradContext(3)
+    a, b = torch.rand(2, requires_grad=True), torch.rand(2, requires_grad=True)
+    g = torch.ones(2)
+    ctx.accumulate_all({a: g})
+    assert ctx.grads[a] is g
+    ctx.accumulate_all({a: g, b: 2 * g})
+    assert torch.equal(ctx.grads[a], torch.full((2,), 2.0)) and torch.equal(g, torch.ones(2))
+    assert torch.equal(ctx.grads[b], torch.full((2,), 2.0))

@@ -1,0 +1,109 @@
+"""One TCP connection of the gradient channel (channel.py): ordered writes that never block.
+
+[Note: a write never blocks its thread]
+A channel's handlers forward gradients, so a thread that reads from one connection writes to
+another. ``Connection.write`` writes what the socket takes at once (``MSG_DONTWAIT``) and leaves
+the rest, copied, to the connection's writer thread, started on the first write that needs it;
+frames behind a pending one queue after it, so the peer reads them in order. Two handlers
+writing to each other over full connections therefore cannot deadlock. Since a frame may borrow
+a tensor's bytes (frames.py [Note: frames borrow]), nothing of it is read after ``write``
+returns: what is left is a copy.
+
+A closed connection (by either side, or by a failed write) refuses writes with its cause.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import deque
+
+
+def _advance(pieces: list, sent: int) -> list:
+    """The pieces still to write after ``sent`` bytes of them were written."""
+    while pieces and sent >= pieces[0].nbytes:
+        sent -= pieces[0].nbytes
+        pieces = pieces[1:]
+    if sent:
+        pieces = [pieces[0][sent:], *pieces[1:]]
+    return pieces
+
+
+class Connection:
+    """A TCP connection whose writes are ordered and never block the writing thread."""
+
+    def __init__(self, sock: socket.socket, peer: int) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.rfile = sock.makefile("rb", buffering=1 << 16)
+        self.closed: str | None = None  # why, once closed
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._pending: deque = deque()  # frames' bytes not yet written (copies), in order
+        self._writer: threading.Thread | None = None
+
+    def write(self, frame: tuple[list, list]) -> None:
+        """Write ``frame`` now as far as the socket takes it; the rest is copied and left to the
+        writer thread. A frame may borrow a tensor's bytes (frames.py [Note: frames borrow]):
+        nothing of it is read after this returns."""
+        pieces, _borrowed = frame
+        with self._lock:
+            if self.closed is not None:
+                raise ConnectionError(f"connection to worker {self.peer} is closed: {self.closed}")
+            if not self._pending:
+                try:
+                    while pieces:
+                        pieces = _advance(
+                            pieces, self.sock.sendmsg(pieces, [], socket.MSG_DONTWAIT)
+                        )
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    self._close_locked(f"{exc}")
+                    raise ConnectionError(f"sending to worker {self.peer} failed: {exc}") from exc
+                if not pieces:
+                    return
+            self._pending.append([memoryview(bytes(piece)) for piece in pieces])
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_pending,
+                    name=f"refimpl-channel-writer-{self.peer}",
+                    daemon=True,
+                )
+                self._writer.start()
+            self._ready.notify()
+
+    def _write_pending(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and self.closed is None:
+                    self._ready.wait()
+                if self.closed is not None:
+                    return
+                pieces = self._pending[0]
+            try:
+                while pieces:
+                    pieces = _advance(pieces, self.sock.sendmsg(pieces))
+            except OSError as exc:
+                self.close(f"{exc}")
+                return
+            with self._lock:
+                if self.closed is not None:  # close() cleared the queue meanwhile
+                    return
+                self._pending.popleft()
+
+    def close(self, why: str) -> None:
+        with self._lock:
+            self._close_locked(why)
+
+    def _close_locked(self, why: str) -> None:
+        if self.closed is not None:
+            return
+        self.closed = why
+        self._pending.clear()
+        self._ready.notify_all()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()

@@ -1,0 +1,72 @@
+"""One connection of the gradient channel (connection.py): ordered writes that never block,
+and what a borrowed frame leaves behind."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+
+import pytest
+import torch
+
+from refimpl.distributed_autograd.connection import Connection
+from refimpl.distributed_autograd.frames import decode, encode
+
+
+def test_a_write_to_a_full_connection_returns_and_the_writer_finishes_it_in_order():
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=1)
+    chunks = [bytes([i]) * (1 << 20) for i in range(8)]  # 8 MiB: far over the socket buffers
+    writing = threading.Thread(
+        target=lambda: [conn.write(([memoryview(c)], [])) for c in chunks], daemon=True
+    )
+    writing.start()
+    writing.join(30)
+    assert not writing.is_alive(), "write blocked on a peer that does not read"
+    received = bytearray()
+    while len(received) < 8 << 20:
+        received += b.recv(1 << 20)
+    assert bytes(received) == b"".join(chunks)
+    conn.close("test over")
+    b.close()
+
+
+def test_what_a_full_connection_leaves_to_its_writer_is_a_copy():
+    """A frame may borrow a tensor's memory (frames.py [Note: frames borrow]): what the socket
+    did not take is copied before write returns, so a later in-place change is not sent."""
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=1)
+    filler = b"\0" * (8 << 20)  # far over the socket buffers: what follows waits its turn
+    t = torch.arange(1024, dtype=torch.float32)
+    writing = threading.Thread(
+        target=lambda: [conn.write(([memoryview(filler)], [])), conn.write(encode([t]))],
+        daemon=True,
+    )
+    writing.start()
+    writing.join(30)
+    assert not writing.is_alive(), "write blocked on a peer that does not read"
+    t.fill_(-1.0)  # after write returned, before the writer thread sent it
+    received = bytearray()
+    while len(received) < len(filler):
+        received += b.recv(1 << 20)
+    b.settimeout(30)
+    rest = bytes(received[len(filler) :])
+    while True:
+        try:
+            got = decode(io.BytesIO(rest))
+            break
+        except ConnectionError:  # not all of it yet
+            rest += b.recv(1 << 20)
+    assert torch.equal(got[0], torch.arange(1024, dtype=torch.float32))
+    conn.close("test over")
+    b.close()
+
+
+def test_a_closed_connection_refuses_writes_with_its_cause():
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=3)
+    conn.close("peer went away")
+    with pytest.raises(ConnectionError, match="worker 3 is closed: peer went away"):
+        conn.write(([memoryview(b"x")], []))
+    b.close()
