@@ -22,8 +22,9 @@ Alongside, on the same workers and in the same run:
   channel (refimpl/distributed_autograd/channel.py), which refimpl's backward uses: the floor of
   this engine as built.
 - ``cpu / backward``: CPU seconds (all threads) the three workers spend on one backward, for
-  each engine. Unlike the wall times, this figure holds on a loaded machine (waiting for a core
-  is not counted), so it compares the engines' work where the latency ratios are noise.
+  each engine; ``100-tensors cpu / backward`` the same for that pattern of the latency
+  benchmark. Unlike the wall times, this figure holds on a loaded machine (waiting for a core is
+  not counted), so it compares the engines' work where the latency ratios are noise.
 
 Stages: ``walk`` (finding the leaves and recv nodes), ``autograd`` (torch.autograd.backward of
 the local part, hooks included), ``accumulate`` (own buffers + sum into the context),
@@ -108,10 +109,15 @@ def _cpu_snapshot() -> list[float]:
 def _cpu_of_backward(mode: str, x) -> list[float] | None:
     """CPU seconds each worker spends on one chain backward (``mode`` None: nothing between
     the snapshots, the cost of taking them). Load-robust where wall time is not: time spent
-    waiting for a core is not counted."""
+    waiting for a core is not counted. ``x`` a list of tensors: the 100-tensors pattern of
+    ``dist_autograd_latency.py`` instead (worker0 -> worker1 -> worker0, 100 small tensors)."""
     context, backward, call = lat._engine(mode or "torch")
     with context() as cid:
-        loss = call("worker1", lat.chain_hop, args=(mode or "torch", lat._layer(x))).sum()
+        if isinstance(x, list):
+            ys = call("worker1", lat._scale_each, args=([t * 2 for t in x],))
+            loss = torch.stack([y.sum() for y in ys]).sum()
+        else:
+            loss = call("worker1", lat.chain_hop, args=(mode or "torch", lat._layer(x))).sum()
         time.sleep(0.003)  # let the forward's trailing work finish
         before = _cpu_snapshot()
         if mode is not None:
@@ -196,10 +202,15 @@ def _driver(repeats: int) -> None:
     for _ in range(20):
         lat._chain_once("refimpl", x)
         lat._chain_once("torch", x)
+    for r in range(3):
+        rpc.rpc_sync(f"worker{r}", lat._setup_small, args=(100, 64, r))
+    xs = [torch.randn(64, requires_grad=True) for _ in range(100)]
     cpu: dict = {"refimpl": [], "torch": [], None: []}
+    cpu_small: dict = {"refimpl": [], "torch": [], None: []}
     for _ in range(repeats):  # before the stage timers go in: they cost CPU too
         for mode in cpu:
             cpu[mode].append(_cpu_of_backward(mode, x))
+            cpu_small[mode].append(_cpu_of_backward(mode, xs))
     for r in range(3):
         rpc.rpc_sync(f"worker{r}", instrument)
         rpc.rpc_sync(f"worker{r}", reset)
@@ -231,7 +242,9 @@ def _driver(repeats: int) -> None:
     print(f"4 one-way hops median     {hop_ms:8.3f} ms")
     print(f"local compute median      {compute_ms:8.3f} ms")
     chan_ms = statistics.median(chops) * ms
-    print(f"4 hops on the channel     {chan_ms:8.3f} ms  (refimpl's gradient channel, same messages)")
+    print(
+        f"4 hops on the channel     {chan_ms:8.3f} ms  (refimpl's gradient channel, same messages)"
+    )
     print(
         f"python-rpc floor          {hop_ms + compute_ms:8.3f} ms  "
         f"= {(hop_ms + compute_ms) / torch_ms:.2f}x torch's backward; "
@@ -241,18 +254,19 @@ def _driver(repeats: int) -> None:
         f"channel floor             {chan_ms + compute_ms:8.3f} ms  "
         f"= {(chan_ms + compute_ms) / torch_ms:.2f}x torch's backward"
     )
-    base = [statistics.mean(c[w] for c in cpu[None]) for w in range(3)]
-    per = {
-        mode: [statistics.mean(c[w] for c in cpu[mode]) - base[w] for w in range(3)]
-        for mode in ("refimpl", "torch")
-    }
-    for mode, workers in per.items():
-        print(
-            f"{mode + ' cpu / backward':<26}{sum(workers) * ms:8.3f} ms  (workers 0, 1, 2: "
-            + ", ".join(f"{w * ms:.3f}" for w in workers)
-            + ")"
-        )
-    print(f"cpu ratio refimpl / torch  {sum(per['refimpl']) / sum(per['torch']):8.2f}x")
+    for label, samples in (("", cpu), ("100-tensors ", cpu_small)):
+        base = [statistics.mean(c[w] for c in samples[None]) for w in range(3)]
+        per = {
+            mode: [statistics.mean(c[w] for c in samples[mode]) - base[w] for w in range(3)]
+            for mode in ("refimpl", "torch")
+        }
+        for mode, workers in per.items():
+            print(
+                f"{label + mode + ' cpu / backward':<26}{sum(workers) * ms:8.3f} ms  "
+                "(workers 0, 1, 2: " + ", ".join(f"{w * ms:.3f}" for w in workers) + ")"
+            )
+        ratio = sum(per["refimpl"]) / sum(per["torch"])
+        print(f"{label + 'cpu ratio refimpl / torch':<26}{ratio:8.2f}x")
     print(f"{'stage (all workers)':<22}{'ms / backward':>14}{'calls / backward':>18}")
     for stage, (total, calls) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
         print(f"{stage:<22}{total / repeats * ms:>14.3f}{calls / repeats:>18.1f}")
