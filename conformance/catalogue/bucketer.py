@@ -283,6 +283,11 @@ def scenarios() -> list[Scenario]:
              description="inputs with no elements: their callbacks too run exactly once, with an empty result"),
         make("only-empty", "only-empty", w=2, cap=TINY, profiles=STANDARD, clauses=(EMPTY,),
              description="a round whose only inputs have no elements: callbacks still run exactly once"),
+        # Issue 30, ambient state: every rank's default dtype switched to float64 around the calls
+        # (restored after, the pool's ranks live on); results keep their inputs' float32.
+        make("default-dtype-fp64", "zero-size", w=2, cap=TINY, default_dtype="float64", steps=2, profiles=STANDARD,
+             clauses=(EMPTY, DTYPES),
+             description="float32 inputs, empty ones among them, under a float64 default dtype: results stay float32"),
         make("groups", "groups", w=4, cap=TINY, group="pairs", dtypes=("float32", "int64"), steps=2,
              profiles=STANDARD, clauses=(GROUPS,),
              description="WORLD and pairs of ranks interleaved (two groups of two at w4)"),

@@ -64,6 +64,9 @@ def run(payload, ctx) -> dict:
     rounds = []
     error = None
     t0 = time.perf_counter()
+    default_dtype = torch.get_default_dtype()
+    if kw.get("default_dtype"):  # ambient state (issue 30): restored below, the rank serves later cases
+        torch.set_default_dtype(getattr(torch, kw["default_dtype"]))
     try:
         for round_ in range(scenario.steps):
             log: list[tuple] = []
@@ -105,6 +108,8 @@ def run(payload, ctx) -> dict:
             rounds.append({"log": log, "after_flush": after})
     except Exception as exc:  # noqa: BLE001 - recorded and judged: the pool stays healthy
         error = f"{type(exc).__name__}: {exc}"
+    finally:
+        torch.set_default_dtype(default_dtype)
     # Known-bad bucketers count where their bug changed what the correct one would have done.
     return {"rounds": rounds, "seconds": time.perf_counter() - t0, "error": error,
             "mutation_fired": getattr(bucketer, "mutation_fired", None)}
