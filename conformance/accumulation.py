@@ -14,7 +14,9 @@ from conformance.envelope import Envelope, reduce, staged_reduce
 from conformance.spec import EXACT, Tolerance
 
 
-def _add(a, b):
+def add_grad(a, b):
+    """One more gradient added to a running sum, as autograd accumulates (`grad + new`); None is
+    "no gradient yet" on either side."""
     if a is None:
         return b
     if b is None:
@@ -39,7 +41,7 @@ def reduced_per_micro_batch(micro_shares: list[list[Grads]], world_size: int, ru
             continue
         total = None
         for value in per_micro:
-            total = _add(total, value)
+            total = add_grad(total, value)
         out[name] = total
     return out
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.accumulation import reduced_per_micro_batch
+from conformance.accumulation import add_grad, reduced_per_micro_batch
 from conformance.anchor import load_params
 from conformance.baseline_events import Baseline, Expected, dense, load_buffers
 from conformance.clip_bound import ClipBound
@@ -143,7 +143,7 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
                 share = {name: dense(g) / M if mean and g is not None else dense(g)
                          for (name, _), g in zip(named, grads, strict=True)}
                 shares[micro].append(share)
-                accumulated = {n: _add(accumulated[n], share[n]) for n in accumulated}
+                accumulated = {n: add_grad(accumulated[n], share[n]) for n in accumulated}
                 if micro < M - 1 and not reduced_each:  # declared REDUCED: nothing per rank to read
                     inside[micro][rank] = dict(accumulated)
             for name, _ in named:
@@ -203,12 +203,3 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     if feats.join and not feats.throw_on_early_termination:
         baseline.events.append(Expected("joined", feats.total_steps(scenario), 0, True, [state()] * W))
     return baseline
-
-
-def _add(a, b):
-    """A rank's local accumulation: autograd adds each backward's gradient to the last (`grad + new`)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
