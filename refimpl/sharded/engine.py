@@ -60,6 +60,7 @@ from .. import _torch_compat as compat
 from ..broadcast import broadcast_from_rank0
 from ..ddp.unused_params import reaches_any
 from .bucketer import ReduceScatterBucketer
+from .clip import clip_shards_
 from .optimizer import ShardedOptimizer
 
 __all__ = ["ReduceState", "ShardedDataParallel"]
@@ -345,17 +346,7 @@ class ShardedDataParallel(nn.Module):
         self._assert_idle("clip_grad_norm_()")
         grads = [s.shard.grad for s in self._slots if s.shard is not None and s.shard.grad is not None]
         device = self._flats[0].params.device if self._flats else torch.device("cpu")
-        if norm_type == math.inf:
-            total = torch.stack([g.abs().max().float() for g in grads]).max() if grads else torch.zeros((), device=device)
-            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.process_group)
-        else:
-            total = sum((g.float().abs().pow(norm_type).sum() for g in grads), torch.zeros((), device=device))
-            dist.all_reduce(total, group=self.process_group)
-            total = total.pow(1.0 / norm_type)
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
-        return total
+        return clip_shards_(grads, max_norm, norm_type, self.process_group, device)
 
     def local_shards(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         """This rank's (parameter chunk, gradient chunk) by name, padding included ([Note: shard layout])."""

@@ -13,13 +13,12 @@ gradient). A parameter of ``numel`` elements is split into ``W`` chunks of
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
+from .clip import clip_shards_
 from .engine import _all_gather_single
 from .placement import from_layout, to_layout
 
@@ -113,15 +112,4 @@ class ShardReads:
         """
         grads = [q.shard.grad for q in self._params if q.shard is not None and q.shard.grad is not None]
         device = self._params[0].shard.device if self._params else torch.device("cpu")
-        if norm_type == math.inf:
-            local = max((g.abs().max() for g in grads), default=torch.zeros((), device=device)).float()
-            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.process_group)
-            total = local
-        else:
-            local = sum((g.float().abs().pow(norm_type).sum() for g in grads), torch.zeros((), device=device))
-            dist.all_reduce(local, group=self.process_group)
-            total = local.pow(1.0 / norm_type)
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
-        return total
+        return clip_shards_(grads, max_norm, norm_type, self.process_group, device)
