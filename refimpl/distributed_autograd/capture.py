@@ -23,7 +23,7 @@ leaves; a leaf whose graph is built anew every iteration still gets a new node, 
 registration, each time). A pre-hook a user registers on the node must still run *before* the
 capture and see the gradient, so a run that finds the capture hook no longer last in the node's
 pre-hook dict (which autograd runs in insertion order) registers it again, last, and removes
-the old one (:func:`install_leaf_hook`). Outside a distributed run the kept hook returns at
+the old one (:func:`install_leaf_hooks`). Outside a distributed run the kept hook returns at
 once: a plain ``backward`` through the leaf pays one Python call.
 """
 
@@ -103,11 +103,6 @@ def install_leaf_hooks(leaves: list[torch.Tensor], nodes: list) -> None:
             meta[_HANDLE_KEY] = node.register_prehook(functools.partial(_capture_leaf, leaf))
             if handle is not None:
                 handle.remove()
-
-
-def install_leaf_hook(leaf: torch.Tensor, node) -> None:
-    """:func:`install_leaf_hooks` for one leaf."""
-    install_leaf_hooks([leaf], [node])
 
 
 def _is_last(handle) -> bool:
