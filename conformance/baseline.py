@@ -40,7 +40,11 @@ import torch
 from torch import Tensor
 
 from conformance import baseline_features, baseline_mixed
-from conformance.accumulation import reduce_scattered_per_micro_batch, reduced_per_micro_batch
+from conformance.accumulation import (
+    add_grad,
+    reduce_scattered_per_micro_batch,
+    reduced_per_micro_batch,
+)
 from conformance.anchor import Anchor, load_params
 from conformance.baseline_events import Baseline, Expected, Grads, dense, load_buffers
 from conformance.envelope import reduce, reference, rule_of
@@ -71,14 +75,6 @@ def _single_thread():
             yield
         finally:
             torch.set_num_threads(before)
-
-
-def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
 
 
 def average(local: list[Grads], world_size: int, rule: Tolerance = EXACT) -> dict:
@@ -212,7 +208,7 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                         g = g / scenario.micro_batches
                     if g is not None and sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:
                         g = g.float()  # declared: added into the rank's fp32 accumulator
-                    local[rank][name] = _add(local[rank][name], g)
+                    local[rank][name] = add_grad(local[rank][name], g)
                     micro_shares[-1][rank][name] = g
                 after_forward.append(buffers())
             if sem.buffers == Buffers.BEFORE_FORWARD:
@@ -235,12 +231,8 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
                 if first_step and step == 0:
                     avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
                 else:
-                    avg = comm.reduce(local) if comm is not None else (
-                        reduced_per_micro_batch(micro_shares, W, rule) if reduced_each else
-                        reduce_scattered_per_micro_batch(micro_shares, W, scenario.options.hsdp_replicas, rule)
-                        if rs_only else average(local, W, rule) if not low_sum else
-                        average([{n: baseline_mixed.to_reduce_dtype(g, scenario) for n, g in grads.items()}
-                                 for grads in local], W, rule))
+                    avg = _synced_average(scenario, W, rule, comm, local, micro_shares,
+                                          reduced_each=reduced_each, rs_only=rs_only, low_sum=low_sum)
                 if baseline_mixed.applies(scenario):  # the reduced gradient cast back to the masters' dtype
                     avg = {n: baseline_mixed.to_master_dtype(avg[n], p.dtype) for n, p in named}
                 if sem.unused == Unused.ZEROS:
@@ -287,3 +279,20 @@ def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -
             per_rank = list(rank_buffers)
         baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=per_rank))
     return baseline
+
+
+def _synced_average(scenario: Scenario, W: int, rule: Tolerance, comm, local: list[Grads],
+                    micro_shares: list[list[Grads]], *, reduced_each: bool, rs_only: bool, low_sum: bool) -> dict:
+    """A synced backward's reduced gradient, by the declared tree: a simulated lossy communication
+    (PowerSGD); every micro-batch reduced, then added (ZeRO-2/3); HSDP's per-micro-batch
+    reduce-scatter; or the ranks' local sums averaged, cast to ``reduce_dtype`` first where the
+    declared local sum is kept in ``param_dtype`` (``low_sum``)."""
+    if comm is not None:
+        return comm.reduce(local)
+    if reduced_each:
+        return reduced_per_micro_batch(micro_shares, W, rule)
+    if rs_only:
+        return reduce_scattered_per_micro_batch(micro_shares, W, scenario.options.hsdp_replicas, rule)
+    if low_sum:
+        local = [{n: baseline_mixed.to_reduce_dtype(g, scenario) for n, g in grads.items()} for grads in local]
+    return average(local, W, rule)
