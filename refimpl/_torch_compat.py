@@ -36,6 +36,7 @@ __all__ = [
     "flatten_dense",
     "foreach_copy_",
     "hook_dict",
+    "node_hooks_seen",
     "profiler_enabled",
     "fsdp2_unsharded_grads",
     "fsdp_flat_param",
@@ -79,6 +80,47 @@ def hook_dict(handle):
     API lists a node's hooks.
     """
     return handle.hooks_dict_ref()
+
+
+# Whether any Python hook was ever put on an autograd node in this process ([Note: watching node
+# hooks]). No public API lists a node's hooks, so the registration is watched instead.
+class _NodeHookWatch:
+    """[Note: watching node hooks]
+    ``node.register_prehook(fn)`` and ``node.register_hook(fn)`` (on any autograd node, C++ or
+    Python) store ``fn`` through ``torch.autograd.Function._register_hook``, which torch looks up
+    by name on every call. Wrapping it tells when the first such hook appears, anywhere; nothing
+    else changes (the wrapper calls torch's). Distributed autograd captures leaf gradients in C++
+    while no Python node hook exists (capture.py [Note: two ways to capture]).
+
+    The wrapper proves itself when installed: it registers a pre-hook on a throwaway node and
+    must see it. If it does not (torch stopped looking the helper up), :attr:`seen` stays true
+    for good, so that a hook can never be missed.
+    """
+
+    def __init__(self) -> None:
+        self.seen = True
+        original = torch.autograd.Function._register_hook
+
+        def _register_hook(backward_hooks, hook):
+            self.seen = True
+            return original(backward_hooks, hook)
+
+        torch.autograd.Function._register_hook = staticmethod(_register_hook)
+        self.seen = False
+        leaf = torch.empty(0, requires_grad=True)
+        node = (leaf * 1).grad_fn
+        node.register_prehook(lambda grad_outputs: None).remove()
+        self.seen = not self.seen  # saw the probe: nothing seen yet; missed it: always "seen"
+
+
+_node_hook_watch = _NodeHookWatch()
+
+
+def node_hooks_seen() -> bool:
+    """Whether a Python pre-hook or post hook may be on some autograd node of this process (put
+    there since ``refimpl`` was imported; see [Note: watching node hooks]). Once true, true for
+    the rest of the process."""
+    return _node_hook_watch.seen
 
 
 # ``torch.autograd.backward`` minus its per-tensor Python argument checks: the engine entry

@@ -1,5 +1,20 @@
 """Capturing gradients during one local run of the distributed backward.
 
+[Note: two ways to capture]
+A local run must take the gradient flowing into every leaf's ``AccumulateGrad`` node instead of
+letting the node write ``.grad``. torch's engine does it in C++, and runs the node's hooks
+itself: its tensor hooks, then its Python pre-hooks, then its post hooks with the gradient.
+refimpl has two ways:
+
+- **in C++** (engine.py ``_autograd_grad``): the run asks autograd for the gradients of the
+  leaves' nodes, as ``torch.autograd.grad`` does. The nodes do not run; the leaves' tensor hooks
+  (``leaf.register_hook``) do. Nothing per leaf happens in Python. Used while no Python hook
+  has been put on any autograd node in the process (``_torch_compat.node_hooks_seen``), when
+  running the node would show nothing more;
+- **by pre-hooks** (below): every ``AccumulateGrad`` node runs, so that a user's node pre-hooks
+  and post hooks run as under torch's engine. A registration and a Python call per leaf and
+  run: 100 leaves cost ~0.5 ms a run here, which the first way saves.
+
 [Note: capture by pre-hooks]
 A local run is a plain ``torch.autograd.backward`` over this worker's part of the graph. Its
 frontier has two kinds of nodes, and each takes the gradient flowing into it:

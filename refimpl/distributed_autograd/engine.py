@@ -49,7 +49,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.autograd.profiler import record_function
 
-from .._torch_compat import engine_run_backward, profiler_enabled, sparse_values
+from .._torch_compat import engine_run_backward, node_hooks_seen, profiler_enabled, sparse_values
 from . import capture, lifetime, messaging
 from . import credit as credit_mod
 from .capture import install_leaf_hooks
@@ -93,14 +93,14 @@ def validate_roots(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 _ACCUMULATE_GRAD = type(get_gradient_edge(torch.empty(0, requires_grad=True)).node)
 
 
-def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
+def _collect_leaves(start) -> tuple[list[torch.Tensor], list, list]:
     """Leaves requiring grad reachable from ``start`` nodes, their ``AccumulateGrad`` nodes, and
-    whether any received tensor is reachable (the walk stops at both)."""
+    the reachable recv nodes (the walk stops at both)."""
     seen: set = set()
     stack = [n for n in start if n is not None]
     leaves: list[torch.Tensor] = []
     nodes: list = []
-    any_recv = False
+    recvs: list = []
     pop, push, add = stack.pop, stack.append, seen.add  # a run visits every node: no lookups
     while stack:
         node = pop()
@@ -109,7 +109,7 @@ def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
         add(node)
         kind = type(node)
         if kind is RecvBackward:
-            any_recv = True
+            recvs.append(node)
         elif kind is _ACCUMULATE_GRAD:
             leaves.append(node.variable)
             nodes.append(node)
@@ -117,7 +117,7 @@ def _collect_leaves(start) -> tuple[list[torch.Tensor], list, bool]:
             for nxt, _ in node.next_functions:
                 if nxt is not None:
                     push(nxt)
-    return leaves, nodes, any_recv
+    return leaves, nodes, recvs
 
 
 def _own_buffers(grads: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
@@ -184,6 +184,27 @@ def _autograd_run(outputs, grad_outputs, retain_graph: bool) -> None:
     )
 
 
+def _autograd_grad(outputs, grad_outputs, retain_graph: bool, nodes: list, recvs: list) -> tuple:
+    """One local run that returns the gradients flowing into the leaves' ``AccumulateGrad``
+    ``nodes`` (``None`` for one that got none) without running those nodes, as
+    ``torch.autograd.grad`` does: torch's engine takes them in C++ and runs the leaves' tensor
+    hooks on them. The recv nodes must still run (their backward takes the gradients to ship):
+    each one's edge to its context's anchor leaf is asked for too, which makes autograd run it.
+    """
+    inputs = [GradientEdge(node, 0) for node in nodes]
+    anchors = {id(edge[0]): edge for edge in (recv.next_functions[0] for recv in recvs)}
+    inputs.extend(GradientEdge(node, nr) for node, nr in anchors.values())
+    return engine_run_backward(
+        tuple(outputs),
+        tuple(grad_outputs),
+        retain_graph,
+        False,  # create_graph
+        tuple(inputs),
+        allow_unreachable=True,
+        accumulate_grad=False,
+    )
+
+
 def _start_node(output):
     """The node a local run starts from: a root tensor's grad_fn, or a send edge's node."""
     return output.node if isinstance(output, GradientEdge) else output.grad_fn
@@ -201,15 +222,24 @@ def _run_local(
     See capture.py [Note: capture by pre-hooks].
     """
     with ctx.run_lock:
-        leaves, nodes, any_recv = _collect_leaves([_start_node(o) for o in outputs])
-        if not leaves and not any_recv:
+        leaves, nodes, recvs = _collect_leaves([_start_node(o) for o in outputs])
+        if not leaves and not recvs:
             return {}
-        # After any pre-hook a user put on the node (capture.py [Note: the leaf hook stays]).
-        install_leaf_hooks(leaves, nodes)
-        with capture.active(capture.Capture(ctx.context_id, ctx.graph_epoch)) as cap:
-            _autograd_run(outputs, grad_outputs, retain_graph)
-        if cap.leaves:
-            ctx.accumulate_all(_own_buffers(cap.leaf_grads()))
+        cap = capture.Capture(ctx.context_id, ctx.graph_epoch)
+        if node_hooks_seen():  # capture.py [Note: two ways to capture]
+            # After any pre-hook a user put on the node (capture.py [Note: the leaf hook stays]).
+            install_leaf_hooks(leaves, nodes)
+            with capture.active(cap):
+                _autograd_run(outputs, grad_outputs, retain_graph)
+            leaf_grads = cap.leaf_grads()
+        else:
+            with capture.active(cap):
+                grads = _autograd_grad(outputs, grad_outputs, retain_graph, nodes, recvs)
+            leaf_grads = {
+                leaf: g for leaf, g in zip(leaves, grads[: len(leaves)], strict=True) if g is not None
+            }
+        if leaf_grads:
+            ctx.accumulate_all(_own_buffers(leaf_grads))
     return cap.recvs
 
 

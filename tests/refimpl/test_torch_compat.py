@@ -271,3 +271,34 @@ def test_the_private_pattern_catches_what_it_must():
     for code in ("torch.autograd.grad(x); dist.all_reduce(t); self._state; ddp._check_joinable()",
                  "from torch.autograd.graph import GradientEdge\nx = _local_name"):
         assert not _PRIVATE.search(code), code
+
+
+def test_node_hooks_seen_watches_node_hooks_only():
+    """A pre-hook or post hook on a C++ or Python autograd node flips the watch, for good; a
+    tensor hook does not (a fresh process: the watch is process-wide)."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from refimpl._torch_compat import node_hooks_seen
+t = torch.ones(2, requires_grad=True)
+t.register_hook(lambda g: g)
+t.register_post_accumulate_grad_hook(lambda p: None)
+(t * 2).register_hook(lambda g: g)
+assert not node_hooks_seen()
+class F(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+    @staticmethod
+    def backward(ctx, g):
+        return g
+handle = F.apply(t).grad_fn.register_prehook(lambda g: None)
+assert node_hooks_seen()
+handle.remove()
+assert node_hooks_seen()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
