@@ -14,7 +14,9 @@ The steps, for a case `(scenario, adapter)` of area A:
 3. otherwise A's judge compares the ranks' records with A's oracle;
 4. whatever ended the case is classified (`conformance.failure`): one class, one-line cause;
 5. an expected failure (the plan's xfail) that failed is `xfailed` and keeps the error it
-   actually showed; one that passed is `xpassed` (strict: the list must stay true);
+   actually showed; one that passed is `xpassed` (strict: the list must stay true), unless its
+   reason is marked `intermittent:` (`conformance.expectations`): then it is `passed`, its
+   record keeps the reason and says the listed failure did not happen this run;
 6. with a `recorder` (`--record DIR`), every tensor the case produced is recorded here, where
    the `CaseResult` is made, whatever the verdict (`conformance.recording`).
 """
@@ -29,10 +31,11 @@ from typing import Any, Protocol
 from conformance.area import Area
 from conformance.area import get as get_area
 from conformance.contract import Checked, repro_command
+from conformance.expectations import intermittent
 from conformance.failure import Classified, FailureClass, classify_exception, run_failed
 from conformance.harness.pool import TaskOutcome
 from conformance.recording import Recorder
-from conformance.report.record import case_id, case_record
+from conformance.report.record import INTERMITTENT_PASS, case_id, case_record
 from conformance.runners.recording_tap import tapping
 from conformance.spec import Scenario
 
@@ -82,7 +85,8 @@ class CaseResult:
         return self.case.adapter_spec
 
     def record(self) -> dict:
-        expected = self.case.xfail if self.verdict in ("xfailed", "xpassed") else None
+        # A listed case that passed is an xpass, or a pass of an `intermittent:` entry: both keep the reason.
+        expected = self.case.xfail if self.verdict in ("xfailed", "xpassed", "passed") else None
         record = case_record(self.adapter_spec, self.scenario, verdict=self.verdict, message=self.message,
                              duration_s=self.duration_s, checked=self.checked, failure=self.failure,
                              xfail_reason=expected or "")
@@ -170,8 +174,14 @@ def run_case(case: Case, executor: Executor, recorder: Recorder | None = None) -
     _read_records(result, outcome, fired_before)
     if case.xfail is not None and verdict != "error":  # an infrastructure error is never an expected failure
         # An expected failure keeps the error it actually showed (`message`) beside why it is expected.
-        result.verdict = "xfailed" if verdict == "failed" else "xpassed"
-        if verdict == "passed":
+        if verdict == "failed":
+            result.verdict = "xfailed"
+        elif intermittent(case.xfail):
+            # Known to fail in some runs only: this run's values were all judged right, so a pass,
+            # said as one (record: `xfail_reason`; terminal, JUnit, HTML: intermittent_outcome).
+            result.message = f"{INTERMITTENT_PASS}: {case.xfail}"
+        else:
+            result.verdict = "xpassed"
             result.message = f"listed as an expected failure but passed: {case.xfail}"
     return _recorded(recorder, result, outcome, taps, executor)
 

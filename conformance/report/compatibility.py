@@ -7,8 +7,9 @@ Usage::
 
 `benchmarks/engine_matrix.py` runs the standard profile once per engine, times each run and
 calls this; the page is never hand-edited. One line per finding: every distinct expected-failure
-reason of an engine (from its strict xfail list, with its upstream reference), every unexpected
-failure, and every declared deviation from torch DDP with the documentation it rests on.
+reason of an engine (from its strict xfail list, with its upstream reference; a case listed as a
+known intermittent failure is one whichever outcome its run had), every unexpected failure, and
+every declared deviation from torch DDP with the documentation it rests on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from collections import defaultdict
 
 from conformance.report.matrix import VERDICTS, cell_text, tally
+from conformance.report.record import intermittent_outcome
 
 NOT_RUNNABLE = (
     ("FairScale FSDP (`fairscale.nn.FullyShardedDataParallel`)", "needs CUDA (its flatten/shard path allocates on the GPU); runnable on a GPU machine with `--device cuda`"),
@@ -68,11 +70,12 @@ def render(reports: list[dict], timings: dict | None = None) -> str:
     lines += ["", "## Findings (one line each)", ""]
     findings: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in results:
-        if r["verdict"] in ("xfailed", "failed", "xpassed"):
-            kind = {"xfailed": "expected failure", "failed": "UNEXPECTED FAILURE", "xpassed": "UNEXPECTED PASS"}[r["verdict"]]
-            # an expected failure is listed by why it is expected (its xfail entry); reports of
-            # schema 2 kept the reason in `message`
-            why = r.get("xfail_reason") or r["message"] if r["verdict"] == "xfailed" else r["message"]
+        if r["verdict"] in ("xfailed", "failed", "xpassed") or intermittent_outcome(r):
+            kind = {"xfailed": "expected failure", "failed": "UNEXPECTED FAILURE", "xpassed": "UNEXPECTED PASS",
+                    "passed": "known intermittent failure, passed in this run"}[r["verdict"]]
+            # an expected failure is listed by why it is expected (its xfail entry; a pass of an
+            # `intermittent:` one too); reports of schema 2 kept the reason in `message`
+            why = r.get("xfail_reason") or r["message"] if r["verdict"] in ("xfailed", "passed") else r["message"]
             findings[(r["adapter"], f"{kind}: {_first_line(why)[:300]}")].append(r["scenario"])
     for (adapter, what), scenarios in sorted(findings.items()):
         lines.append(f"- **{adapter}** — {what} ({len(scenarios)} case{'s' if len(scenarios) > 1 else ''}: "

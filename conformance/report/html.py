@@ -14,7 +14,7 @@ import os
 from collections import defaultdict
 
 from conformance.report.links import linkify
-from conformance.report.record import one_line
+from conformance.report.record import intermittent_outcome, one_line
 from conformance.report.timeline import section as timelines_section
 
 COLOURS = {
@@ -60,11 +60,14 @@ def _matrices(report: dict) -> str:
 
 
 def _reason(r: dict) -> str:
-    """Why a case did not run (skip) or is expected to fail (xfail); "" for other verdicts."""
+    """Why a case did not run (skip) or is expected to fail (xfail, or a pass of a case listed as a
+    known intermittent failure); "" for other verdicts."""
     if r["verdict"] == "skipped":
         return f"skipped: {r.get('message') or 'no reason given'}"
     if r["verdict"] == "xfailed":
         return f"expected failure: {r.get('xfail_reason') or r.get('message') or 'no reason given'}"
+    if intermittent_outcome(r):  # a pass of an `intermittent:` entry is footnoted with it, never silent
+        return f"{intermittent_outcome(r)}; listed: {r.get('xfail_reason')}"
     return ""
 
 

@@ -10,7 +10,9 @@ disagree, and it says what pytest's cannot:
 - verdicts map onto JUnit's words: `failed` → `<failure>` (type = the failure class),
   `error` (infrastructure) → `<error>`, `xpassed` (a strict xfail that passed) → `<failure>`,
   `skipped` → `<skipped>`, `xfailed` → `<skipped type="xfail">` whose message is the reason it
-  is expected and whose text is the error actually seen (so a changed failure is visible).
+  is expected and whose text is the error actually seen (so a changed failure is visible); a
+  case listed as a known intermittent failure (`intermittent:`) says in `<system-out>` which
+  outcome this run had, a pass included.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import socket
 import xml.etree.ElementTree as ET
 
-from conformance.report.record import one_line
+from conformance.report.record import intermittent_outcome, one_line
 
 SUITE_NAME = "gradparity"
 PROPERTY_KEYS = ("torch", "python", "backend", "device", "profile", "suite_version", "commit", "launcher", "command",
@@ -71,8 +73,14 @@ def _testcase(r: dict) -> ET.Element:
             f"seen: {message}" if message and message != reason else "")
     elif verdict == "skipped":
         ET.SubElement(case, "skipped", type="skip", message=_text(message or "skipped"))
+    out = []
+    seen = intermittent_outcome(r)
+    if seen:  # a pass (or xfail) of an `intermittent:` entry: which outcome this run had, and why it is listed
+        out.append(f"{seen}; listed: {r.get('xfail_reason')}")
     if r.get("declared"):
-        ET.SubElement(case, "system-out").text = _text("declared deviations from torch DDP: " + "; ".join(r["declared"]))
+        out.append("declared deviations from torch DDP: " + "; ".join(r["declared"]))
+    if out:
+        ET.SubElement(case, "system-out").text = _text("\n".join(out))
     return case
 
 

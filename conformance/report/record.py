@@ -5,6 +5,8 @@ from __future__ import annotations
 from conformance.spec import Scenario
 
 CASE_SEPARATOR = "|"
+# The message of a pass of a case listed as a known-intermittent failure (`intermittent:` entries).
+INTERMITTENT_PASS = "passed this run; listed as a known intermittent failure, either outcome is accepted"
 
 
 def case_id(adapter_spec: str, scenario: Scenario) -> str:
@@ -19,7 +21,8 @@ def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message:
 
     `message` is always what was seen (the failure's text; a skip's reason); for an expected
     failure (xfailed, or a strict xfail that passed) `xfail_reason` says why it is expected, so a
-    case that starts failing differently than listed is visible in the report."""
+    case that starts failing differently than listed is visible in the report; a pass of a case
+    listed as `intermittent:` keeps it too (`intermittent_outcome`)."""
     return {
         "case": case_id(adapter_spec, scenario),
         "adapter": adapter_spec,
@@ -66,6 +69,21 @@ def one_line(record: dict) -> str:
         return f"[{record['failure_class']}] {record.get('cause') or ''}".rstrip()
     first = (record.get("message") or "").strip().splitlines()[:1]
     return first[0] if first else record["verdict"]
+
+
+def intermittent_outcome(record: dict) -> str:
+    """For a case whose expected-failure entry is marked `intermittent:`, what happened this run
+    ("the listed failure did not happen: passed" / "the listed failure happened: xfailed"); "" for
+    every other case. The front ends print it, so neither outcome of such a case is silent."""
+    from conformance.expectations import intermittent
+
+    if not intermittent(record.get("xfail_reason")):
+        return ""
+    if record.get("verdict") == "passed":
+        return "known intermittent failure did not happen this run: passed (every value judged right)"
+    if record.get("verdict") == "xfailed":
+        return f"known intermittent failure happened this run: xfailed ({one_line(record)})"
+    return ""
 
 
 def lost_case_record(nodeid: str, text: str, known: set[str] = frozenset()) -> dict | None:

@@ -2,7 +2,9 @@
 
 The cause line is the record's `[class] cause` (failure.py): for a crash the signal and the dead
 rank's last words from its log, for a hang where the rank waited, for an infrastructure error the
-rank's own exception — never only that something failed. A run that ended early says why.
+rank's own exception — never only that something failed. A run that ended early says why. A case
+listed as a known intermittent failure (`intermittent:`) gets a `~` line saying which outcome this
+run had, whichever it was.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from conformance.report.record import one_line
+from conformance.report.record import intermittent_outcome, one_line
 
 STYLE = {"passed": "green", "failed": "bold red", "error": "bold red", "xfailed": "yellow", "xpassed": "magenta", "skipped": "dim"}
 COLUMNS = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
@@ -53,6 +55,11 @@ def render(console: Console, results: list[dict], written: dict | None, unmatche
     for r in results:
         if r["verdict"] in BAD:
             console.print(f"[red]✗[/] {escape(r['case'])}: {escape(one_line(r))}", highlight=False)
+    for r in results:  # an `intermittent:` expectation accepts either outcome: say which one this run had
+        seen = intermittent_outcome(r)
+        if seen:
+            console.print(f"[yellow]~[/] {escape(r['case'])}: {escape(seen)}; listed: "
+                          f"{escape(_first_line(r['xfail_reason'])[:240])}", highlight=False)
     if stopped:
         console.print(f"[bold red]the run ended early[/]: {escape(stopped)}", highlight=False)
     for line in unmatched:
@@ -60,6 +67,11 @@ def render(console: Console, results: list[dict], written: dict | None, unmatche
     if written:
         for kind, path in written.items():
             console.print(f"{kind} report: {path}", highlight=False)
+
+
+def _first_line(text: str) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def print_run_summary(results: list[dict], written: dict | None, unmatched: list[str], console=None, *,
