@@ -38,6 +38,16 @@ Failures: when a connection breaks, its unanswered calls fail with the cause; a 
 unanswered after the RPC timeout (``rpc.get_rpc_timeout()``) fails too. The engine hands the
 credit of a failed call back with the error, as it does for a failed RPC.
 
+[Note: an answer that rides along]
+Most answers are empty: a gradient message's only says that the receiver ran it and sent its
+gradients on. When the receiver sends them on to the very worker that called (a chain's far
+end sends back to the worker before it), the answer rides in that message (the frame's ``ack``:
+the call's sequence number) instead of following it as a frame of its own, which would wake
+the caller's answer reader while the caller runs the gradients it just got. A handler that
+sends to its caller only as its last act, and then answers nothing, says so
+(:func:`answers_by_forwarding`: the engine's gradient handler); the answer is then taken as
+given, empty, and nothing more is written for the call.
+
 Blocking: a handler forwards gradients, so it sends. A send never blocks its caller on a full
 socket: what does not fit is left to the connection's writer thread (connection.py [Note: a
 write never blocks its thread]).
@@ -176,17 +186,26 @@ class Channel:
             self._served.append(conn)
         try:
             while True:
-                seq, fn, args = decode(conn.rfile)
+                seq, fn, args, ack = decode(conn.rfile)
+                if ack is not None:  # see [Note: an answer that rides along]
+                    self._answered(ack)
                 if seq == _NO_ANSWER:
                     _run_unanswered(fn, args, self._is_current())
                     continue
                 if not self._is_current():  # RPC was shut down (and maybe started again) here
                     answer, error = None, "the worker's RPC agent that this channel served is gone"
                 else:
+                    armed = fn in _FORWARDERS
+                    _serving.call = (peer, seq) if armed else None
                     try:
                         answer, error = fn(*args), None
                     except Exception as exc:
                         answer, error = None, f"{exc}"
+                    finally:
+                        rode_along = armed and _serving.call is None
+                        _serving.call = None
+                    if rode_along and answer is None and error is None:
+                        continue
                 try:
                     if answer is None and error is None:
                         frame = encode_empty_answer(seq)
@@ -215,13 +234,17 @@ class Channel:
         conn = self._outgoing(dst)
         if conn is None:
             return False
+        serving = getattr(_serving, "call", None)
+        ack = serving[1] if serving is not None and serving[0] == dst else None
         if on_done is None:
             if self.closed:
                 return False
             try:
-                conn.write(encode((_NO_ANSWER, fn, args), tail))
+                conn.write(encode((_NO_ANSWER, fn, args, ack), tail))
             except Exception:
                 return False  # no whole frame went out: the caller sends another way
+            if ack is not None:
+                _serving.call = None
             self.calls_sent += 1
             return True
         seq = next(self._seq)
@@ -234,15 +257,30 @@ class Channel:
             if self._watch is None:
                 self._watch = _thread(self._expire, "refimpl-channel-timeouts")
         try:
-            conn.write(encode((seq, fn, args), tail))
+            conn.write(encode((seq, fn, args, ack), tail))
         except Exception:
             with self._lock:
                 mine = self._calls.pop(seq, None) is not None
             # A failed write sent no whole frame. If the connection's reader already failed
             # this call (it saw the close first), on_done has run: the call is not the caller's.
             return not mine
+        if ack is not None:
+            _serving.call = None
         self.calls_sent += 1
         return True
+
+    def _answered(self, seq: int) -> None:
+        """A call of ours was answered by a message of the peer's own ([Note: an answer that
+        rides along]): as an empty answer on its connection would."""
+        with self._lock:
+            call = self._calls.pop(seq, None)
+            if call is None:
+                return
+            conn = call[0]
+            retired = self._out.get(conn.peer) is not conn and not self._uses(conn)
+        _run_callback(call[1], None, None)
+        if retired:  # replaced after a timeout, and its last call is answered
+            conn.close("replaced after a timeout")
 
     def _outgoing(self, dst: int) -> Connection | None:
         with self._lock:
@@ -367,6 +405,20 @@ class Channel:
             conn.close("channel closed")
         if fail_calls:
             self._fail(lambda conn: True, "the distributed autograd channel was closed")
+
+
+# The call whose handler this channel thread is running, as (caller, seq), until its answer is
+# sent or has ridden along ([Note: an answer that rides along]).
+_serving = threading.local()
+_FORWARDERS: set = set()
+
+
+def answers_by_forwarding(handler):
+    """Declare ``handler`` one whose answer is always empty once it has sent a message to its
+    caller, which it does only as its last act: that message carries the answer ([Note: an
+    answer that rides along]). Returns ``handler`` (usable as a decorator)."""
+    _FORWARDERS.add(handler)
+    return handler
 
 
 def _read_hello(sock: socket.socket) -> bytes | None:

@@ -53,6 +53,7 @@ from .._torch_compat import engine_run_backward, node_hooks_seen, profiler_enabl
 from . import capture, lifetime, messaging
 from . import credit as credit_mod
 from .capture import install_leaf_hooks
+from .channel import answers_by_forwarding
 from .context import DistAutogradContext, container
 from .functions import SEND_NAME, RecvBackward
 
@@ -313,6 +314,7 @@ def _credit_returned(pass_id: int, credit, reached, error) -> None:
     credit_mod.registry.returned(pass_id, credit, reached, error)
 
 
+@answers_by_forwarding  # its answer rides in a message to the sender: channel.py
 def _receive_gradients(
     root: int,
     pass_id: int,

@@ -287,3 +287,51 @@ def test_a_call_after_close_is_refused_and_never_called_back(pair):
     assert not pair[0].call(1, _scale, (torch.ones(1), 1.0), late)
     time.sleep(0.3)
     assert not late.got
+
+
+# [Note: an answer that rides along] ---------------------------------------------------------------
+_PAIR: dict = {}
+
+
+def _send_back(value) -> None:
+    """On worker 1: send ``value`` to the caller (worker 0), asking no answer, then answer
+    nothing."""
+    assert _PAIR[1].call(0, _record, (value,), None), "no connection back to worker 0"
+
+
+@channel_mod.answers_by_forwarding
+def _forward_back(value) -> None:
+    _send_back(value)
+
+
+@pytest.mark.parametrize("forwarding", [True, False], ids=["declared", "not-declared"])
+def test_an_empty_answer_rides_in_a_message_back_to_the_caller(pair, monkeypatch, forwarding):
+    """A handler declared ``answers_by_forwarding`` that sends to its caller answers in that
+    message: the caller's call is answered, empty, and no answer frame of its own is written;
+    a handler not declared so gets its answer frame as before."""
+    _PAIR.clear()
+    _PAIR.update(pair)
+    for src, dst in ((1, 0), (0, 1)):  # open both connections
+        opened = _Answers()
+        _call(pair[src], dst, _scale, (torch.ones(1), 1.0), opened)
+        opened.wait()
+    written = []
+    write = Connection.write
+
+    def counting_write(self, frame):
+        if self.closed is None:  # not a late answer of an earlier test's closed pair
+            written.append(self.peer)
+        return write(self, frame)
+
+    monkeypatch.setattr(Connection, "write", counting_write)
+    _RAN.clear()
+    _RAN_EVENT.clear()
+    answers = _Answers()
+    handler = _forward_back if forwarding else _send_back
+    _call(pair[0], 1, handler, (7,), answers)
+    assert answers.wait() == (None, None)
+    assert _RAN_EVENT.wait(30) and _RAN == [7]
+    time.sleep(0.3)  # an answer frame, if any, is written by now
+    # worker 0's call to 1, worker 1's message back to 0, and (not declared) 1's answer to 0
+    assert written == ([1, 0] if forwarding else [1, 0, 0])
+    assert answers.got == [(None, None)], "answered once"
