@@ -59,6 +59,7 @@ agent is replaced (shutdown and init again) the old channel is closed.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hmac
 import itertools
 import math
@@ -186,9 +187,14 @@ class Channel:
             self._served.append(conn)
         try:
             while True:
-                seq, fn, args, ack = decode(conn.rfile)
+                tail: list = []
+                seq, fn, args, ack, has_tail = decode(conn.rfile, tail)
                 if ack is not None:  # see [Note: an answer that rides along]
                     self._answered(ack)
+                if type(fn) is str:  # a handler by name ([Note: handlers by name])
+                    fn = _handler(fn)
+                if has_tail:
+                    args = (*args, tail)
                 if seq == _NO_ANSWER:
                     _run_unanswered(fn, args, self._is_current())
                     continue
@@ -229,18 +235,21 @@ class Channel:
         error)`` follows, once, on a channel thread (``on_done=None``: no answer, and nothing is
         kept of the call once written). Returns ``False``, having sent nothing and without
         calling ``on_done``, when there is no open connection to ``dst`` (one may be opening:
-        [Note: connecting never blocks a sender]); the caller sends another way. ``tail``: the
-        tensors ``frames.TAIL`` in ``args`` stands for (frames.py [Note: a frame's tail])."""
+        [Note: connecting never blocks a sender]); the caller sends another way. ``tail``: a
+        list of tensors, ``fn``'s last argument after ``args``, sent as the frame's tensors
+        (frames.py [Note: a frame's tail])."""
         conn = self._outgoing(dst)
         if conn is None:
             return False
         serving = getattr(_serving, "call", None)
         ack = serving[1] if serving is not None and serving[0] == dst else None
+        fn = _NAMES.get(fn, fn)
+        has_tail = tail is not None
         if on_done is None:
             if self.closed:
                 return False
             try:
-                conn.write(encode((_NO_ANSWER, fn, args, ack), tail))
+                conn.write(encode((_NO_ANSWER, fn, args, ack, has_tail), tail))
             except Exception:
                 return False  # no whole frame went out: the caller sends another way
             if ack is not None:
@@ -257,7 +266,7 @@ class Channel:
             if self._watch is None:
                 self._watch = _thread(self._expire, "refimpl-channel-timeouts")
         try:
-            conn.write(encode((seq, fn, args, ack), tail))
+            conn.write(encode((seq, fn, args, ack, has_tail), tail))
         except Exception:
             with self._lock:
                 mine = self._calls.pop(seq, None) is not None
@@ -411,6 +420,36 @@ class Channel:
 # sent or has ridden along ([Note: an answer that rides along]).
 _serving = threading.local()
 _FORWARDERS: set = set()
+
+# [Note: handlers by name]
+# A call names its function; pickled, a function is found by importing its module on both
+# sides (the costliest part of a gradient message's pickle, a few microseconds each way). The
+# engine's and the optimizer's handlers are registered by name instead (:func:`handler`):
+# a frame carries the name as a string, looked up in a dict on arrival. Any other function
+# travels pickled, as before.
+_HANDLERS: dict[str, Callable] = {}
+_NAMES: dict[Callable, str] = {}
+
+
+def handler(fn):
+    """Register ``fn`` as a channel handler sent by name ([Note: handlers by name]); returns
+    ``fn`` (usable as a decorator). Every worker imports the module that registers it."""
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    _HANDLERS[name] = fn
+    _NAMES[fn] = name
+    return fn
+
+
+def _handler(name: str):
+    """The handler registered as ``name``; else one that raises why (the call's answer)."""
+    fn = _HANDLERS.get(name)
+    if fn is None:
+        return functools.partial(_unknown_handler, name)
+    return fn
+
+
+def _unknown_handler(name: str, *args):
+    raise RuntimeError(f"no channel handler {name!r} on this worker: import its module here")
 
 
 def answers_by_forwarding(handler):

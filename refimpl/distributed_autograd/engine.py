@@ -53,7 +53,7 @@ from .._torch_compat import engine_run_backward, node_hooks_seen, profiler_enabl
 from . import capture, lifetime, messaging
 from . import credit as credit_mod
 from .capture import install_leaf_hooks
-from .channel import answers_by_forwarding
+from .channel import answers_by_forwarding, handler
 from .context import DistAutogradContext, container
 from .functions import SEND_NAME, RecvBackward
 
@@ -310,10 +310,12 @@ def _end_of_branch(me: int, root: int, sender: int, pass_id: int, credit, reache
 
 
 # RPC entry points --------------------------------------------------------------------------------
+@handler
 def _credit_returned(pass_id: int, credit, reached, error) -> None:
     credit_mod.registry.returned(pass_id, credit, reached, error)
 
 
+@handler
 @answers_by_forwarding  # its answer rides in a message to the sender: channel.py
 def _receive_gradients(
     root: int,

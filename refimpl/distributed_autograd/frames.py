@@ -19,8 +19,9 @@ A gradient message carries one list of tensors (one per send edge) next to a few
 in the pickle, every tensor costs a Python call each way (the slot's reducer, then the slot's
 lookup) and a pickled tuple around it: 100 gradients, ~200 calls per message. ``encode(obj,
 tail=tensors)`` sends the list as the frame's tensors and pickles ``obj`` with the plain C
-pickler; ``TAIL`` in ``obj`` stands for the list and reads back as it (one call each way,
-whatever its length). ``obj`` must then hold no tensor of its own.
+pickler; ``decode(rfile, tensors_out)`` puts them back in ``tensors_out`` (no call per tensor
+either way), and the channel hands them to the handler as its last argument. ``obj`` must then
+hold no tensor of its own.
 """
 
 from __future__ import annotations
@@ -61,28 +62,6 @@ def _tensor_slot(index: int) -> torch.Tensor:
     return tensors[index]
 
 
-def _tail_slot() -> list:
-    """Stands in a frame's pickle for the frame's tail (see [Note: a frame's tail])."""
-    tensors = getattr(_decoding, "tensors", None)
-    if tensors is None:
-        raise RuntimeError("a channel frame must be read with frames.decode")
-    return tensors
-
-
-class _Tail:
-    """The type of ``TAIL``: pickles as a call of ``_tail_slot``."""
-
-    __slots__ = ()
-
-    def __reduce__(self):
-        return _tail_slot, ()
-
-    def __repr__(self) -> str:
-        return "TAIL"
-
-
-TAIL = _Tail()
-
 
 def _reduce_tensor(t: torch.Tensor):
     if not _plain(t):
@@ -115,8 +94,8 @@ class _Pickler(pickle.Pickler):
 def encode(obj, tail: list | None = None) -> tuple[list, list]:
     """``obj`` as a frame: (the pieces to write, in order; the tensors they borrow from).
 
-    ``tail``: a list of dense CPU tensors that ``TAIL`` in ``obj`` stands for (see [Note: a
-    frame's tail]); ``obj`` holds no other tensor then. The layout names, per dtype, the slots
+    ``tail``: a list of dense CPU tensors sent beside ``obj`` (see [Note: a frame's tail]);
+    ``obj`` holds no tensor then. The layout names, per dtype, the slots
     its buffer holds and their shapes, in order.
     """
     if tail is not None:
@@ -133,10 +112,19 @@ def encode(obj, tail: list | None = None) -> tuple[list, list]:
         body = out.getbuffer()
     if not tensors and tail is None:
         return [memoryview(_HEADER.pack(len(_NO_LAYOUT), len(body), 0)), _NO_LAYOUT_VIEW, body], []
-    if len(tensors) == 1:  # the usual gradient message: no grouping, no copy
-        t = tensors[0]
-        flats = [_values(t)]
-        layout = [([0], [tuple(t.shape)])]
+    if len(tensors) == 1:  # the usual gradient message: no grouping, no copy, layout cached
+        flat = _values(tensors[0])
+        key = (flat.dtype, flat.shape)
+        meta = _ONE_META.get(key)
+        if meta is None:
+            meta = _remember(
+                _ONE_META, key, pickle.dumps(
+                    ([_dtype_name(flat.dtype)], [([0], [tuple(flat.shape)])]), protocol=5
+                )
+            )
+        view = _bytes_of(flat)
+        head = _HEADER_ONE.pack(len(meta), len(body), 1, view.nbytes)
+        return [memoryview(head), memoryview(meta), body, view], [flat]
     else:
         groups: dict[torch.dtype, list[int]] = {}
         for i, t in enumerate(tensors):
@@ -166,6 +154,21 @@ def _values(t: torch.Tensor) -> torch.Tensor:
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
     return t if t.is_contiguous() else t.contiguous()
+
+
+_HEADER_ONE = struct.Struct("!IQIQ")  # the header of a frame of one tensor, with its size
+# Layouts by (dtype, shape) of a lone tensor (encode) and by their bytes (decode): a message's
+# layout repeats from pass to pass, and reading or writing it anew costs a pickle each way.
+_ONE_META: dict = {}
+_LAYOUTS: dict = {}
+_CACHED = 1024  # entries per cache at most (a cache that fills up starts again)
+
+
+def _remember(cache: dict, key, value):
+    if len(cache) >= _CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
@@ -244,8 +247,9 @@ def encode_empty_answer(seq: int) -> tuple[list, list]:
     return [memoryview(_HEADER.pack(_EMPTY_ANSWER, seq, 0))], []
 
 
-def decode(rfile):
-    """Read one frame (see :func:`encode`) from a buffered reader: the object."""
+def decode(rfile, tensors_out: list | None = None):
+    """Read one frame (see :func:`encode`) from a buffered reader: the object. ``tensors_out``:
+    a list that gets the frame's tensors (a tail sent beside the object, not in it)."""
     meta_len, body_len, count = _HEADER.unpack(_read(rfile, _HEADER.size))
     if meta_len == _EMPTY_ANSWER:
         return body_len, None, None
@@ -253,12 +257,12 @@ def decode(rfile):
     sizes = struct.unpack_from(f"!{count}Q", head) if count else ()
     meta_end = 8 * count + meta_len
     if not count:
-        _decoding.tensors = []  # an empty tail ([Note: a frame's tail])
-        try:
-            return pickle.loads(memoryview(head)[meta_end:])
-        finally:
-            _decoding.tensors = None
-    names, layout = pickle.loads(memoryview(head)[8 * count : meta_end])
+        return pickle.loads(memoryview(head)[meta_end:])
+    meta = head[8 * count : meta_end]
+    parsed = _LAYOUTS.get(meta)
+    if parsed is None:
+        parsed = _remember(_LAYOUTS, meta, pickle.loads(meta))
+    names, layout = parsed
     tensors: list = [None] * sum(len(members) for members, _ in layout)
     for name, n, (members, shapes) in zip(names, sizes, layout, strict=True):
         dtype = _dtype(name)
@@ -275,6 +279,8 @@ def decode(rfile):
             parts = flat.split([math.prod(shape) for shape in shapes])
             for i, shape, part in zip(members, shapes, parts, strict=True):
                 tensors[i] = part if len(shape) == 1 else part.view(shape)
+    if tensors_out is not None:
+        tensors_out.extend(tensors)
     _decoding.tensors = tensors
     try:
         return pickle.loads(memoryview(head)[meta_end:])

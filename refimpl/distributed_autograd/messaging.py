@@ -23,7 +23,7 @@ import torch
 from torch.distributed import rpc
 
 from .context import container
-from .frames import TAIL, carries
+from .frames import carries
 
 
 def send(dst: int, fn, args: tuple, on_done, tensors=(), cont=None, tail=None) -> None:
@@ -39,7 +39,7 @@ def send(dst: int, fn, args: tuple, on_done, tensors=(), cont=None, tail=None) -
         if (
             channel is not None
             and carries(tail)
-            and channel.call(dst, fn, (*args, TAIL), on_done, tail)
+            and channel.call(dst, fn, args, on_done, tail)
         ):
             return
         send_rpc(dst, fn, (*args, tail), on_done)

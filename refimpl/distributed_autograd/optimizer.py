@@ -28,6 +28,7 @@ import weakref
 from torch.distributed import rpc
 
 from . import messaging
+from .channel import handler
 from .context import container
 
 
@@ -64,6 +65,7 @@ def _new_local_optimizer(optimizer_class, param_rrefs, args, kwargs):
     return rpc.RRef(local), key
 
 
+@handler
 def _local_step(key: int, context_id: int) -> str | None:
     """Step on the owner; an error comes back as its message (not a remote traceback)."""
     try:

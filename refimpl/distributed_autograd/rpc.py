@@ -37,6 +37,7 @@ from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
 from .._torch_compat import find_script_function, rref_class
 from . import lifetime, messaging
+from .channel import handler
 from .context import _as_current, container, current_context
 from .frames import carries
 from .functions import pack, unpack
@@ -202,6 +203,7 @@ def _forget(value_id: int, key: int) -> None:
             del _key_by_id[value_id]
 
 
+@handler
 def _value_by_key(context_id: int, origin: int, key: int):
     """On the owner: the value kept under ``key``, its tensors recorded in ``context_id``."""
     value = _owned.get(key)

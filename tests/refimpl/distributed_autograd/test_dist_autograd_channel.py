@@ -335,3 +335,32 @@ def test_an_empty_answer_rides_in_a_message_back_to_the_caller(pair, monkeypatch
     # worker 0's call to 1, worker 1's message back to 0, and (not declared) 1's answer to 0
     assert written == ([1, 0] if forwarding else [1, 0, 0])
     assert answers.got == [(None, None)], "answered once"
+
+
+# [Note: handlers by name] ------------------------------------------------------------------------
+@channel_mod.handler
+def _named_scale(t: torch.Tensor, k: float) -> torch.Tensor:
+    return t * k
+
+
+def test_a_registered_handler_travels_by_name_and_an_unknown_name_is_an_error(pair, monkeypatch):
+    from refimpl.distributed_autograd import frames
+
+    names = []
+    encode = frames.encode
+
+    def spying_encode(obj, tail=None):
+        if len(obj) == 5:
+            names.append(obj[1])
+        return encode(obj, tail)
+
+    monkeypatch.setattr(channel_mod, "encode", spying_encode)
+    answers = _Answers()
+    _call(pair[0], 1, _named_scale, (torch.ones(2), 4.0), answers)
+    answer, error = answers.wait()
+    assert error is None and torch.equal(answer, torch.full((2,), 4.0))
+    assert names[-1] == f"{__name__}._named_scale", "sent by name, not pickled"
+    monkeypatch.delitem(channel_mod._HANDLERS, f"{__name__}._named_scale")  # gone on the peer
+    unknown = _Answers()
+    _call(pair[0], 1, _named_scale, (torch.ones(2), 4.0), unknown)
+    assert "no channel handler" in unknown.wait()[1]

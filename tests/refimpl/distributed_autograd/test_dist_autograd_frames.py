@@ -6,7 +6,7 @@ import io
 
 import torch
 
-from refimpl.distributed_autograd.frames import TAIL, carries, decode, encode, encode_empty_answer
+from refimpl.distributed_autograd.frames import carries, decode, encode, encode_empty_answer
 
 
 def _round_trip(obj):
@@ -101,15 +101,28 @@ def test_an_empty_answer_is_a_header_alone_and_reads_back():
     assert decode(stream) == (7, "x", None)  # the next frame is read from the right place
 
 
-def test_a_tail_of_tensors_travels_raw_and_reads_back_where_tail_stood():
-    """frames.py [Note: a frame's tail]: the list is the frame's tensors; ``TAIL`` in the pickled
-    object reads back as that list, in order, however long (and when empty)."""
+def test_a_tail_of_tensors_travels_raw_and_reads_back_beside_the_object():
+    """frames.py [Note: a frame's tail]: the list is the frame's tensors, read back into
+    ``tensors_out`` in order, however long (and when empty)."""
     tail = [torch.randn(64) for _ in range(100)] + [torch.arange(3), torch.randn(2, 3).t()]
-    pieces, _ = encode((4, "f", (1, [2, 3], TAIL)), tail)
-    got = decode(io.BytesIO(b"".join(bytes(p) for p in pieces)))
-    assert got[:2] == (4, "f") and got[2][:2] == (1, [2, 3])
-    assert len(got[2][2]) == len(tail)
-    for sent, back in zip(tail, got[2][2], strict=True):
-        assert back.dtype == sent.dtype and torch.equal(back, sent)
-    pieces, _ = encode((5, TAIL), [])
-    assert decode(io.BytesIO(b"".join(bytes(p) for p in pieces))) == (5, [])
+    pieces, _ = encode((4, "f", (1, [2, 3])), tail)
+    back: list = []
+    assert decode(io.BytesIO(b"".join(bytes(p) for p in pieces)), back) == (4, "f", (1, [2, 3]))
+    assert len(back) == len(tail)
+    for sent, got in zip(tail, back, strict=True):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
+    pieces, _ = encode((5,), [])
+    back = []
+    assert decode(io.BytesIO(b"".join(bytes(p) for p in pieces)), back) == (5,) and back == []
+
+
+def test_layouts_are_cached_but_each_frame_reads_its_own_values_and_shape():
+    """A lone tensor's layout is written once per (dtype, shape) and read once per layout
+    (frames._ONE_META / _LAYOUTS): frames of one layout still carry their own values, and a
+    frame of another shape or dtype is not mistaken for a cached one."""
+    for t in (torch.arange(6.0).view(2, 3), torch.ones(2, 3), torch.ones(3, 2), torch.ones(6).double()):
+        tail: list = []
+        pieces, _ = encode((9, "f", (1,), None, True), [t])
+        got = decode(io.BytesIO(b"".join(bytes(p) for p in pieces)), tail)
+        assert got == (9, "f", (1,), None, True)
+        assert len(tail) == 1 and tail[0].dtype == t.dtype and torch.equal(tail[0], t)
