@@ -35,6 +35,7 @@ __all__ = [
     "dist_autograd_debug_info",
     "flatten_dense",
     "foreach_copy_",
+    "functional_optimizer",
     "hook_dict",
     "node_hooks_seen",
     "profiler_enabled",
@@ -126,6 +127,17 @@ def node_hooks_seen() -> bool:
 # ``torch.autograd.backward`` minus its per-tensor Python argument checks: the engine entry
 # point ``backward`` itself ends in (distributed autograd's local runs call it directly).
 engine_run_backward = torch.autograd.graph._engine_run_backward
+
+
+def functional_optimizer(optimizer_class):
+    """torch's functional twin of ``optimizer_class`` (``torch.optim.SGD`` ->
+    ``_FunctionalSGD``: the same update, stepped with a list of gradients, without
+    ``Optimizer.step``'s hook and profiler machinery), or ``None``. torch's own
+    ``DistributedOptimizer`` steps its owners' parameters with these; no public API names them.
+    """
+    from torch.distributed.optim.utils import functional_optim_map
+
+    return functional_optim_map.get(optimizer_class)
 
 
 # -- tensors --------------------------------------------------------------------------------

@@ -27,21 +27,47 @@ import weakref
 
 from torch.distributed import rpc
 
+from .._torch_compat import functional_optimizer
 from . import messaging
 from .channel import handler
 from .context import container
 
 
 class _LocalOptimizer:
+    """The optimizer of one owner's parameters.
+
+    [Note: functional step]
+    Where torch has a functional twin of the optimizer class (SGD, Adam, AdamW, Adagrad,
+    Adadelta, RMSprop, Rprop, Adamax: ``_torch_compat.functional_optimizer``), the owner steps
+    with it, as torch's ``DistributedOptimizer`` does: the same update from a list of
+    gradients, without setting and restoring ``.grad`` around ``Optimizer.step`` and its hook
+    machinery (a parameter server steps once per trainer step, holding the GIL its trainers'
+    messages wait for). A class without a twin, or arguments the twin does not take, use the
+    class itself.
+    """
+
     def __init__(self, optimizer_class, param_rrefs, args, kwargs) -> None:
         self.params = [r.local_value() for r in param_rrefs]
-        self.optim = optimizer_class(self.params, *args, **kwargs)
+        self.functional = None
+        functional = functional_optimizer(optimizer_class)
+        if functional is not None:
+            try:
+                self.functional = functional(self.params, *args, **kwargs)
+            except TypeError:  # an argument only the class takes: step with the class
+                pass
+        self.optim = (
+            None if self.functional is not None else optimizer_class(self.params, *args, **kwargs)
+        )
         self.lock = threading.Lock()
 
     def step(self, context_id: int) -> None:
         ctx = container().retrieve(context_id)
         with ctx.lock:
             grads = dict(ctx.grads)
+        if self.functional is not None:
+            with self.lock:
+                self.functional.step([grads.get(p) for p in self.params])
+            return
         with self.lock:
             saved = [p.grad for p in self.params]
             try:
@@ -71,7 +97,9 @@ def _local_step(key: int, context_id: int) -> str | None:
     try:
         local = _registry.get(key)
         if local is None:
-            raise RuntimeError(f"local optimizer {key} is gone (its DistributedOptimizer was deleted)")
+            raise RuntimeError(
+                f"local optimizer {key} is gone (its DistributedOptimizer was deleted)"
+            )
         local.step(context_id)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"

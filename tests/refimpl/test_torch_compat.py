@@ -302,3 +302,27 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_functional_optimizer_steps_as_its_class_bitwise():
+    """The functional twin of SGD (momentum, weight decay) and of Adam make the very updates of
+    their classes; a class without a twin has none."""
+    for cls, kwargs in ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+                        (torch.optim.Adam, {"lr": 0.01})):
+        twin = compat.functional_optimizer(cls)
+        assert twin is not None
+        a = [torch.randn(4, 3), torch.randn(3)]
+        b = [t.clone() for t in a]
+        for t in a:
+            t.requires_grad_()
+        cls_opt = cls(a, **kwargs)
+        fn_opt = twin(b, **kwargs)
+        for step in range(3):
+            grads = [torch.randn(4, 3), torch.randn(3)]
+            for t, g in zip(a, grads, strict=True):
+                t.grad = g
+            cls_opt.step()
+            fn_opt.step(grads)
+            for x, y in zip(a, b, strict=True):
+                assert torch.equal(x.detach(), y), (cls.__name__, step)
+    assert compat.functional_optimizer(type("Custom", (torch.optim.SGD,), {})) is None
