@@ -58,6 +58,21 @@ class _Answers:
         return self.got[0]
 
 
+def _count_writes(monkeypatch) -> list:
+    """The peers of the frames written from now on, in order, on open connections (a late
+    answer of an earlier test's closed pair does not count)."""
+    written: list = []
+    write = Connection.write
+
+    def counting_write(self, frame):
+        if self.closed is None:
+            written.append(self.peer)
+        return write(self, frame)
+
+    monkeypatch.setattr(Connection, "write", counting_write)
+    return written
+
+
 def _scale(t: torch.Tensor, k: float) -> torch.Tensor:
     return t * k
 
@@ -97,14 +112,7 @@ def _record(value) -> None:
 def test_a_call_without_a_callback_runs_and_nothing_comes_back(pair, monkeypatch):
     """messaging.py [Note: answers nobody needs]: the peer runs it and writes nothing back; the
     sender keeps no record of it."""
-    written = []
-    write = Connection.write
-
-    def counting_write(self, frame):
-        written.append(self.peer)
-        return write(self, frame)
-
-    monkeypatch.setattr(Connection, "write", counting_write)
+    written = _count_writes(monkeypatch)
     _RAN.clear()
     _RAN_EVENT.clear()
     first = _Answers()
@@ -315,15 +323,7 @@ def test_an_empty_answer_rides_in_a_message_back_to_the_caller(pair, monkeypatch
         opened = _Answers()
         _call(pair[src], dst, _scale, (torch.ones(1), 1.0), opened)
         opened.wait()
-    written = []
-    write = Connection.write
-
-    def counting_write(self, frame):
-        if self.closed is None:  # not a late answer of an earlier test's closed pair
-            written.append(self.peer)
-        return write(self, frame)
-
-    monkeypatch.setattr(Connection, "write", counting_write)
+    written = _count_writes(monkeypatch)
     _RAN.clear()
     _RAN_EVENT.clear()
     answers = _Answers()
