@@ -13,7 +13,10 @@ refimpl has two ways:
   running the node would show nothing more;
 - **by pre-hooks** (below): every ``AccumulateGrad`` node runs, so that a user's node pre-hooks
   and post hooks run as under torch's engine. A registration and a Python call per leaf and
-  run: 100 leaves cost ~0.5 ms a run here, which the first way saves.
+  run: 100 leaves cost ~0.5 ms a run here, which the first way saves. One difference from
+  torch's engine remains this way: a leaf's ``register_post_accumulate_grad_hook`` hooks run
+  too (with ``.grad`` untouched), since the node runs; torch's engine and the first way do not
+  run them.
 
 [Note: capture by pre-hooks]
 A local run is a plain ``torch.autograd.backward`` over this worker's part of the graph. Its
