@@ -339,30 +339,36 @@ def _receive_gradients(
     """
     cont = container()
     me = cont.worker_id
+    message = ((send_ids, grads), share, path)
+    if root == me:  # the waiting backward runs it: credit.py [Note: the root's own messages]
+        tracker = credit_mod.registry.get(pass_id)  # its backward() counts the pass here
+        if tracker is not None:
+            tracker.deliver(message, share)
+        return None
     try:
         ctx = cont.pass_started_in(context_id)
     except Exception as exc:
         return _end_of_branch(me, root, sender, pass_id, share, path | {me}, (me, f"{exc}"))
-    message = ((send_ids, grads), share, path)
-    if root == me:  # the waiting backward runs it: credit.py [Note: the root's own messages]
-        with ctx.lock:
-            ctx.known_workers.add(sender)
-        tracker = credit_mod.registry.get(pass_id)
-        if tracker is not None:
-            tracker.deliver(message, share)
-        cont.pass_finished(context_id)
-        return None
+    # The sender is in ctx.known_workers already: it is where the send edges were sent to.
     key = (root, pass_id)
-    with ctx.lock:
-        ctx.known_workers.add(sender)
-        ctx.inbox.setdefault(key, []).append(message)
-    with ctx.receive_lock:
+    if ctx.receive_lock.acquire(blocking=False):  # nothing runs here: run now, with any queued
+        try:
+            with ctx.lock:
+                queued = ctx.inbox.pop(key, None)
+            batch = [*queued, message] if queued else [message]  # in arrival order
+            share, path, outbound, error = _run_messages(ctx, me, batch)
+        finally:
+            ctx.receive_lock.release()
+    else:
         with ctx.lock:
-            batch = ctx.inbox.pop(key, [])
-        if not batch:  # run already, with a message that came before it
-            cont.pass_finished(context_id)
-            return None
-        share, path, outbound, error = _run_messages(ctx, me, batch)
+            ctx.inbox.setdefault(key, []).append(message)
+        with ctx.receive_lock:
+            with ctx.lock:
+                batch = ctx.inbox.pop(key, [])
+            if not batch:  # run already, with a message that came before it
+                cont.pass_finished(context_id)
+                return None
+            share, path, outbound, error = _run_messages(ctx, me, batch)
     # Finished here before anything is sent on: once the root has all its credit back, no
     # worker still counts this pass (debug info).
     cont.pass_finished(context_id)
