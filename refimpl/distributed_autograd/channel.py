@@ -45,7 +45,7 @@ end sends back to the worker before it), the answer rides in that message (the f
 the call's sequence number) instead of following it as a frame of its own, which would wake
 the caller's answer reader while the caller runs the gradients it just got. A handler that
 sends to its caller only as its last act, and then answers nothing, says so
-(:func:`answers_by_forwarding`: the engine's gradient handler); the answer is then taken as
+(``handlers.answers_by_forwarding``: the engine's gradient handler); the answer is then taken as
 given, empty, and nothing more is written for the call.
 
 Blocking: a handler forwards gradients, so it sends. A send never blocks its caller on a full
@@ -59,7 +59,6 @@ agent is replaced (shutdown and init again) the old channel is closed.
 from __future__ import annotations
 
 import fcntl
-import functools
 import hmac
 import itertools
 import math
@@ -75,6 +74,7 @@ from collections.abc import Callable
 import torch
 from torch.distributed import rpc
 
+from . import handlers
 from .connection import Connection
 from .frames import decode, encode, encode_empty_answer
 
@@ -191,8 +191,8 @@ class Channel:
                 seq, fn, args, ack, has_tail = decode(conn.rfile, tail)
                 if ack is not None:  # see [Note: an answer that rides along]
                     self._answered(ack)
-                if type(fn) is str:  # a handler by name ([Note: handlers by name])
-                    fn = _handler(fn)
+                if type(fn) is str:  # a handler by name (handlers.py)
+                    fn = handlers.by_name(fn)
                 if has_tail:
                     args = (*args, tail)
                 if seq == _NO_ANSWER:
@@ -201,7 +201,7 @@ class Channel:
                 if not self._is_current():  # RPC was shut down (and maybe started again) here
                     answer, error = None, "the worker's RPC agent that this channel served is gone"
                 else:
-                    armed = fn in _FORWARDERS
+                    armed = handlers.forwards(fn)
                     _serving.call = (peer, seq) if armed else None
                     try:
                         answer, error = fn(*args), None
@@ -243,7 +243,7 @@ class Channel:
             return False
         serving = getattr(_serving, "call", None)
         ack = serving[1] if serving is not None and serving[0] == dst else None
-        fn = _NAMES.get(fn, fn)
+        fn = handlers.name_of(fn)
         has_tail = tail is not None
         if on_done is None:
             if self.closed:
@@ -419,45 +419,6 @@ class Channel:
 # The call whose handler this channel thread is running, as (caller, seq), until its answer is
 # sent or has ridden along ([Note: an answer that rides along]).
 _serving = threading.local()
-_FORWARDERS: set = set()
-
-# [Note: handlers by name]
-# A call names its function; pickled, a function is found by importing its module on both
-# sides (the costliest part of a gradient message's pickle, a few microseconds each way). The
-# engine's and the optimizer's handlers are registered by name instead (:func:`handler`):
-# a frame carries the name as a string, looked up in a dict on arrival. Any other function
-# travels pickled, as before.
-_HANDLERS: dict[str, Callable] = {}
-_NAMES: dict[Callable, str] = {}
-
-
-def handler(fn):
-    """Register ``fn`` as a channel handler sent by name ([Note: handlers by name]); returns
-    ``fn`` (usable as a decorator). Every worker imports the module that registers it."""
-    name = f"{fn.__module__}.{fn.__qualname__}"
-    _HANDLERS[name] = fn
-    _NAMES[fn] = name
-    return fn
-
-
-def _handler(name: str):
-    """The handler registered as ``name``; else one that raises why (the call's answer)."""
-    fn = _HANDLERS.get(name)
-    if fn is None:
-        return functools.partial(_unknown_handler, name)
-    return fn
-
-
-def _unknown_handler(name: str, *args):
-    raise RuntimeError(f"no channel handler {name!r} on this worker: import its module here")
-
-
-def answers_by_forwarding(handler):
-    """Declare ``handler`` one whose answer is always empty once it has sent a message to its
-    caller, which it does only as its last act: that message carries the answer ([Note: an
-    answer that rides along]). Returns ``handler`` (usable as a decorator)."""
-    _FORWARDERS.add(handler)
-    return handler
 
 
 def _read_hello(sock: socket.socket) -> bytes | None:

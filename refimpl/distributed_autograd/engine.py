@@ -53,9 +53,9 @@ from .._torch_compat import engine_run_backward, node_hooks_seen, profiler_enabl
 from . import capture, lifetime, messaging
 from . import credit as credit_mod
 from .capture import install_leaf_hooks
-from .channel import answers_by_forwarding, handler
 from .context import DistAutogradContext, container
 from .functions import SEND_NAME, RecvBackward
+from .handlers import answers_by_forwarding, handler
 
 # torch's profiler scope of a distributed backward (see [Note: profiler scopes]).
 BACKWARD_NAME = "torch::distributed::autograd::backward"
@@ -316,7 +316,7 @@ def _credit_returned(pass_id: int, credit, reached, error) -> None:
 
 
 @handler
-@answers_by_forwarding  # its answer rides in a message to the sender: channel.py
+@answers_by_forwarding  # its answer rides in its message to the sender (channel.py)
 def _receive_gradients(
     root: int,
     pass_id: int,

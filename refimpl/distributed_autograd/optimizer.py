@@ -29,8 +29,8 @@ from torch.distributed import rpc
 
 from .._torch_compat import functional_optimizer
 from . import messaging
-from .channel import handler
 from .context import container
+from .handlers import handler
 
 
 class _LocalOptimizer:

@@ -37,10 +37,10 @@ from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
 from .._torch_compat import find_script_function, rref_class
 from . import lifetime, messaging
-from .channel import handler
 from .context import _as_current, container, current_context
 from .frames import carries
 from .functions import pack, unpack
+from .handlers import handler
 
 PyRRef = rref_class()
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from refimpl.distributed_autograd import channel as channel_mod
+from refimpl.distributed_autograd import handlers
 from refimpl.distributed_autograd.channel import Channel
 from refimpl.distributed_autograd.connection import Connection
 
@@ -307,7 +308,7 @@ def _send_back(value) -> None:
     assert _PAIR[1].call(0, _record, (value,), None), "no connection back to worker 0"
 
 
-@channel_mod.answers_by_forwarding
+@handlers.answers_by_forwarding
 def _forward_back(value) -> None:
     _send_back(value)
 
@@ -337,8 +338,8 @@ def test_an_empty_answer_rides_in_a_message_back_to_the_caller(pair, monkeypatch
     assert answers.got == [(None, None)], "answered once"
 
 
-# [Note: handlers by name] ------------------------------------------------------------------------
-@channel_mod.handler
+# handlers by name (handlers.py) ------------------------------------------------------------------------
+@handlers.handler
 def _named_scale(t: torch.Tensor, k: float) -> torch.Tensor:
     return t * k
 
@@ -360,7 +361,7 @@ def test_a_registered_handler_travels_by_name_and_an_unknown_name_is_an_error(pa
     answer, error = answers.wait()
     assert error is None and torch.equal(answer, torch.full((2,), 4.0))
     assert names[-1] == f"{__name__}._named_scale", "sent by name, not pickled"
-    monkeypatch.delitem(channel_mod._HANDLERS, f"{__name__}._named_scale")  # gone on the peer
+    monkeypatch.delitem(handlers._BY_NAME, f"{__name__}._named_scale")  # gone on the peer
     unknown = _Answers()
     _call(pair[0], 1, _named_scale, (torch.ones(2), 4.0), unknown)
     assert "no channel handler" in unknown.wait()[1]
