@@ -12,9 +12,10 @@ from C++; this channel is how a Python engine gets close to that.
 
 What travels here: the engine's gradient messages and credit returns,
 ``DistributedOptimizer.step``'s calls and ``to_here``'s fetches by key, whose tensors are all
-dense CPU tensors (``frames.carries``; the wire format is frames.py). Everything else stays on
-torch's RPC agent: sparse gradients, CUDA gradients (the agent's device maps apply to them),
-context and graph releases, and every RPC of the forward. Set
+dense CPU tensors (``frames.carries``; the wire format is frames.py), and a context's release
+to a worker it sent no forward RPC (lifetime.py [Note: context release]). Everything else
+stays on torch's RPC agent: sparse gradients, CUDA gradients (the agent's device maps apply to
+them), graph releases, the other context releases, and every RPC of the forward. Set
 ``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
 
 Connections. One TCP connection per (sender, receiver) pair, opened in the background after

@@ -56,6 +56,9 @@ class DistAutogradContext:
     sends: dict[int, tuple[GradientEdge, int]] = field(default_factory=dict)
     grads: dict[torch.Tensor, torch.Tensor] = field(default_factory=dict)
     known_workers: set[int] = field(default_factory=set)
+    # Workers this context sent a forward RPC through torch's agent (rpc.py): its release must
+    # follow those RPCs on the agent (lifetime.py [Note: context release]).
+    rpc_workers: set[int] = field(default_factory=set)
     # A zero-size leaf every RecvFunction hangs from, so received tensors require grad and
     # have a grad_fn (a valid backward root), like torch's RecvRpcBackward.
     anchor: torch.Tensor = field(default_factory=lambda: torch.empty(0, requires_grad=True))

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from torch.distributed import rpc
 
 from . import messaging
+from .handlers import handler
 from .context import DistAutogradContext, _tls, container, current_context
 
 
@@ -83,20 +84,31 @@ def release_context(context_id: int) -> None:
     on context exit).
 
     [Note: context release]
-    Exiting a context sends one release RPC to each worker the context reached, and each of
-    those passes it on to the workers *it* reached; nobody waits for them, as with torch (its
-    context exit sends its cleanup requests and returns). A round trip per reached worker on
-    every context exit was a third of a parameter-server training step. Releases stay RPCs,
-    not channel messages: they then follow, on the same agent, the forward's RPCs that nobody
-    waited for (a ``remote()`` never fetched), so a release does not overtake the message that
-    creates the context there; and a graceful ``rpc.shutdown()`` waits for them. Context ids are
-    not reused within one RPC world, so a late release cannot drop a newer context; a worker's
-    debug info can show the context for the few messages' time it takes. A release that fails
-    (the worker is gone) is reported as a ``RuntimeWarning``.
+    Exiting a context sends one release to each worker the context reached, and each of those
+    passes it on to the workers *it* reached; nobody waits for them, as with torch (its context
+    exit sends its cleanup requests and returns). A round trip per reached worker on every
+    context exit was a third of a parameter-server training step.
+
+    A release must not overtake the message that creates the context there. To a worker the
+    context sent a forward RPC through torch's agent (``ctx.rpc_workers``), the release is an
+    RPC too: it follows, on the same agent, RPCs nobody waited for (a ``remote()`` never
+    fetched), and a graceful ``rpc.shutdown()`` waits for it. To any other worker, everything
+    this context sent went on the gradient channel (fetches by key, gradient messages, optimizer
+    steps) and was waited for, so the release goes there too, as a message without an answer
+    (messaging.py [Note: answers nobody needs]): a parameter server's trainer then pays neither
+    the Python RPC's pickling nor its answer's callback on every step, and the server, whose
+    Python serves every trainer, runs a few microseconds of it instead of an RPC.
+
+    Context ids are not reused within one RPC world, so a late release cannot drop a newer
+    context; a worker's debug info can show the context for the few messages' time it takes. A
+    release RPC that fails (the worker is gone) is reported as a ``RuntimeWarning``; a release
+    on the channel fails silently only when its receiver dies after it was written, and then
+    there is no context left to release.
     """
     _release(context_id, sender=container().worker_id)  # as if this worker had been told
 
 
+@handler
 def _release(context_id: int, sender: int) -> None:
     """Drop ``context_id`` here and pass the release on to the workers it reached from here,
     ``sender`` excepted (see [Note: context release])."""
@@ -107,11 +119,16 @@ def _release(context_id: int, sender: int) -> None:
     with ctx.lock:
         ctx.pending_releases.clear()  # the context release drops those graphs too
         targets = [w for w in ctx.known_workers if w not in (cont.worker_id, sender)]
+        by_rpc = ctx.rpc_workers.intersection(targets)
     ctx.release_graph()
+    channel = cont.channel
     for w in targets:
+        args = (context_id, cont.worker_id)
+        if w not in by_rpc and channel is not None and channel.call(w, _release, args, None):
+            continue
         done = functools.partial(_release_answered, context_id, w)
         try:
-            messaging.send_rpc(w, _release, (context_id, cont.worker_id), done)
+            messaging.send_rpc(w, _release, args, done)
         except Exception as exc:
             done(None, f"{exc}")
 

@@ -91,21 +91,24 @@ def _remote_create(context_id, origin, func, args, kwargs):
     return _call_in_context(context_id, origin, func, args, kwargs, send_back=False)
 
 
-def _reach(ctx, dst: int) -> None:
+def _reach(ctx, dst: int, by_rpc: bool) -> None:
     """Before a message of context ``ctx`` goes to worker ``dst``: send the graph releases
     still owed (lifetime.py [Note: deferred release]), and count ``dst`` as reached. The callee
     creates the context even when no tensor requiring grad travels (its answer may carry one):
-    it must be released there too."""
+    it must be released there too. ``by_rpc``: the message goes through torch's agent (then so
+    does the context's release to ``dst``: lifetime.py [Note: context release])."""
     lifetime.drain_releases(ctx)
     with ctx.lock:
         ctx.known_workers.add(dst)
+        if by_rpc:
+            ctx.rpc_workers.add(dst)
 
 
 def _prepare(to, func, args, kwargs):
     ctx = current_context()
     me = container().worker_id
     dst = _worker_id(to)
-    _reach(ctx, dst)
+    _reach(ctx, dst, by_rpc=True)
     if isinstance(func, torch.jit.ScriptFunction):
         func = _ScriptTarget(func.qualified_name)
     call = (tuple(args) if args is not None else (), dict(kwargs) if kwargs is not None else {})
@@ -158,7 +161,7 @@ def to_here(rref: rpc.RRef, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
             _remember_key(rref, key)
         return value
     dst = rref.owner().id
-    _reach(ctx, dst)
+    _reach(ctx, dst, by_rpc=False)
     me = container().worker_id
     packed = messaging.call_async(dst, _value_by_key, (ctx.context_id, me, key)).wait()
     return unpack(ctx, dst, packed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -171,3 +172,72 @@ def test_accumulate_all_adds_into_what_the_context_holds_even_the_same_tensor():
     ctx.accumulate_all({a: g, b: 2 * g})
     assert torch.equal(ctx.grads[a], torch.full((2,), 2.0)) and torch.equal(g, torch.ones(2))
     assert torch.equal(ctx.grads[b], torch.full((2,), 2.0))
+
+
+# ---------------------------------------------------------------------------------------------
+def _rref_of_ones():
+    from torch.distributed import rpc
+
+    _kept["t"] = torch.ones(3, requires_grad=True)
+    return rpc.RRef(_kept["t"])
+
+
+_kept: dict = {}
+
+
+def _count_release_rpcs() -> None:
+    from refimpl.distributed_autograd import lifetime
+
+    real = lifetime.messaging.send_rpc
+
+    def counted(dst, fn, args, on_done):
+        if fn is lifetime._release:
+            _kept["release_rpcs"] = _kept.get("release_rpcs", 0) + 1
+        return real(dst, fn, args, on_done)
+
+    lifetime.messaging.send_rpc = counted
+    _kept["restore"] = real
+
+
+def _release_rpcs_and_restore() -> int:
+    from refimpl.distributed_autograd import lifetime
+
+    lifetime.messaging.send_rpc = _kept.pop("restore")
+    return _kept.pop("release_rpcs", 0)
+
+
+def _check_release_follows_forward_rpcs(world_size):
+    """A context that sent a worker a forward RPC releases it by RPC (behind any RPC nobody
+    waited for); one that reached it only on the channel releases it there, and it is gone."""
+    import refimpl.distributed_autograd as dist_autograd
+    from refimpl.distributed_autograd.context import container
+
+    owner = worker_name(1)
+    rref = dist_autograd.rpc_sync(owner, _rref_of_ones)
+    with dist_autograd.context():  # the first fetch is an RPC carrying the RRef
+        dist_autograd.to_here(rref)
+    wait_nothing_left(world_size)
+    channel = container().channel
+    deadline = time.monotonic() + 10
+    while channel._outgoing(1) is None:  # the connection opens in the background
+        assert time.monotonic() < deadline, "no channel connection to worker 1"
+        with dist_autograd.context():
+            dist_autograd.to_here(rref)
+    _count_release_rpcs()
+    try:
+        sent = channel.calls_sent
+        with dist_autograd.context():
+            dist_autograd.to_here(rref)  # by key, on the channel
+        assert channel.calls_sent == sent + 2, "fetch and release: two channel calls"
+        wait_nothing_left(world_size)
+        x = torch.ones(2, requires_grad=True)
+        with dist_autograd.context():
+            dist_autograd.rpc_sync(owner, torch.mul, args=(x, 2))
+        wait_nothing_left(world_size)
+    finally:
+        assert _release_rpcs_and_restore() == 1, "the release after a forward RPC is an RPC"
+
+
+@pytest.mark.slow
+def test_release_goes_where_the_context_sent(rpc_world):
+    rpc_world.run(_check_release_follows_forward_rpcs)
