@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from torch.distributed import rpc
 
 from . import messaging
-from .handlers import handler
 from .context import DistAutogradContext, _tls, container, current_context
+from .handlers import handler
 
 
 # opening and closing ----------------------------------------------------------------------------
