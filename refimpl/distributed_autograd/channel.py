@@ -43,11 +43,12 @@ credit of a failed call back with the error, as it does for a failed RPC.
 Most answers are empty: a gradient message's only says that the receiver ran it and sent its
 gradients on. When the receiver sends them on to the very worker that called (a chain's far
 end sends back to the worker before it), the answer rides in that message (the frame's ``ack``:
-the call's sequence number) instead of following it as a frame of its own, which would wake
-the caller's answer reader while the caller runs the gradients it just got. A handler that
-sends to its caller only as its last act, and then answers nothing, says so
-(``handlers.answers_by_forwarding``: the engine's gradient handler); the answer is then taken as
-given, empty, and nothing more is written for the call.
+the sequence numbers of the calls it answers) instead of following it as a frame of its own,
+which would wake the caller's answer reader while the caller runs the gradients it just got. A
+handler that sends to its caller only as its last act, and then answers nothing, says so
+(``handlers.defers_empty_answer``: the engine's gradient handler); the answer is then taken as
+given, empty, and nothing more is written for the call. Such a handler's other empty answers
+wait for the next frame to the caller (owed.py [Note: answers that wait]).
 
 Blocking: a handler forwards gradients, so it sends. A send never blocks its caller on a full
 socket: what does not fit is left to the connection's writer thread (connection.py [Note: a
@@ -59,7 +60,6 @@ agent is replaced (shutdown and init again) the old channel is closed.
 
 from __future__ import annotations
 
-import fcntl
 import hmac
 import itertools
 import math
@@ -76,8 +76,9 @@ import torch
 from torch.distributed import rpc
 
 from . import handlers
-from .connection import Connection
+from .connection import Connection, listen_address
 from .frames import decode, encode, encode_empty_answer
+from .owed import OwedAnswers, flush_after
 
 ENV = "REFIMPL_DIST_AUTOGRAD_CHANNEL"
 _TOKEN_BYTES = 16
@@ -93,24 +94,6 @@ def enabled() -> bool:
 
 
 # the channel --------------------------------------------------------------------------------------
-def listen_address() -> str:
-    """Where TensorPipe listens: ``TP_SOCKET_IFNAME``'s IPv4 address, else the host name's."""
-    ifname = os.environ.get("TP_SOCKET_IFNAME")
-    if ifname:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:  # SIOCGIFADDR
-                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
-            except OSError as exc:
-                raise RuntimeError(
-                    f"TP_SOCKET_IFNAME={ifname!r} names no interface with an IPv4 address ({exc})"
-                ) from exc
-        return socket.inet_ntoa(packed[20:24])
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
 class Channel:
     """This worker's end of the channel: one listener, outgoing connections, pending calls.
 
@@ -146,6 +129,9 @@ class Channel:
         self._calls: dict[int, tuple[Connection, OnDone, float]] = {}
         self._seq = itertools.count()
         self._watch: threading.Thread | None = None
+        self._watch_wake = threading.Event()  # cuts the watch thread's sleep short
+        self._owed = OwedAnswers()  # empty answers held back: owed.py
+        self._watch_short = False  # the watch thread wakes every few ms (answers are held)
         self.closed = False
         self.calls_sent = 0  # for tests and curious users: calls made on this channel
 
@@ -191,7 +177,8 @@ class Channel:
                 tail: list = []
                 seq, fn, args, ack, has_tail = decode(conn.rfile, tail)
                 if ack is not None:  # see [Note: an answer that rides along]
-                    self._answered(ack)
+                    for answered in ack:
+                        self._answered(answered)
                 if type(fn) is str:  # a handler by name (handlers.py)
                     fn = handlers.by_name(fn)
                 if has_tail:
@@ -202,7 +189,7 @@ class Channel:
                 if not self._is_current():  # RPC was shut down (and maybe started again) here
                     answer, error = None, "the worker's RPC agent that this channel served is gone"
                 else:
-                    armed = handlers.forwards(fn)
+                    armed = handlers.defers(fn)
                     _serving.call = (peer, seq) if armed else None
                     try:
                         answer, error = fn(*args), None
@@ -211,7 +198,9 @@ class Channel:
                     finally:
                         rode_along = armed and _serving.call is None
                         _serving.call = None
-                    if rode_along and answer is None and error is None:
+                    if armed and answer is None and error is None:
+                        if not rode_along:  # owed.py [Note: answers that wait]
+                            self._hold(peer, seq, conn)
                         continue
                 try:
                     if answer is None and error is None:
@@ -242,18 +231,25 @@ class Channel:
         conn = self._outgoing(dst)
         if conn is None:
             return False
+        owed = self._owed.take(dst)  # ([Note: an answer that rides along])
         serving = getattr(_serving, "call", None)
-        ack = serving[1] if serving is not None and serving[0] == dst else None
+        serving = serving[1] if serving is not None and serving[0] == dst else None
+        ack = [seq for seq, _, _ in owed]
+        if serving is not None:
+            ack.append(serving)
+        ack = tuple(ack) if ack else None
         fn = handlers.name_of(fn)
         has_tail = tail is not None
         if on_done is None:
             if self.closed:
+                self._owed.put_back(dst, owed)
                 return False
             try:
                 conn.write(encode((_NO_ANSWER, fn, args, ack, has_tail), tail))
             except Exception:
+                self._owed.put_back(dst, owed)
                 return False  # no whole frame went out: the caller sends another way
-            if ack is not None:
+            if serving is not None:
                 _serving.call = None
             self.calls_sent += 1
             return True
@@ -262,19 +258,20 @@ class Channel:
         deadline = time.monotonic() + timeout if timeout > 0 else math.inf  # 0: no timeout
         with self._lock:
             if self.closed:
+                self._owed.put_back(dst, owed)
                 return False
             self._calls[seq] = (conn, on_done, deadline)
-            if self._watch is None:
-                self._watch = _thread(self._expire, "refimpl-channel-timeouts")
+            self._start_watch()
         try:
             conn.write(encode((seq, fn, args, ack, has_tail), tail))
         except Exception:
+            self._owed.put_back(dst, owed)
             with self._lock:
                 mine = self._calls.pop(seq, None) is not None
             # A failed write sent no whole frame. If the connection's reader already failed
             # this call (it saw the close first), on_done has run: the call is not the caller's.
             return not mine
-        if ack is not None:
+        if serving is not None:
             _serving.call = None
         self.calls_sent += 1
         return True
@@ -362,28 +359,53 @@ class Channel:
         """Whether an unanswered call went on ``conn`` (caller holds the lock)."""
         return any(c is conn for c, _, _ in self._calls.values())
 
-    def _expire(self) -> None:
-        """Fail calls unanswered past their deadline (the RPC timeout). Their connection stops
-        taking new calls (the next message to that peer opens a new one) but stays open for the
-        answers of its other calls, which other passes may be waiting for; it is closed once
-        they are all answered (``_read_answers``) or have timed out too."""
-        while not self.closed:
-            time.sleep(1.0)
-            now = time.monotonic()
+    def _hold(self, peer: int, seq: int, conn: Connection) -> None:
+        """Hold the empty answer to ``peer``'s call ``seq`` (owed.py [Note: answers that
+        wait]); the watch thread is woken only when it sleeps long, not on every pass."""
+        if self._owed.hold(peer, seq, conn) and not self._watch_short:
             with self._lock:
-                late = [seq for seq, (_, _, deadline) in self._calls.items() if deadline < now]
-                calls = [self._calls.pop(seq) for seq in late]
-                retired = []
-                for conn in {id(c): c for c, _, _ in calls}.values():
-                    if self._out.get(conn.peer) is conn:
-                        del self._out[conn.peer]
-                    if not self._uses(conn):
-                        retired.append(conn)
-            for conn in retired:
-                conn.close("its calls timed out")
-            for conn, on_done, _ in calls:
-                why = f"RPC ran for more than set timeout: no answer from worker {conn.peer}"
-                _run_callback(on_done, None, why)
+                self._start_watch()
+            self._watch_wake.set()
+
+    def _start_watch(self) -> None:
+        """Start the watch thread once (caller holds the lock)."""
+        if self._watch is None and not self.closed:
+            self._watch = _thread(self._watch_calls, "refimpl-channel-watch")
+
+    def _watch_calls(self) -> None:
+        """Write the answers held too long (owed.py), every few milliseconds while answers are
+        being held (and for 2 s after the last), and fail the calls unanswered past their
+        deadline (the RPC timeout). A timed-out call's connection stops taking new calls (the
+        next message to that peer opens a new one) but stays open for the answers of its
+        other calls, which other passes may be waiting for; it is closed once they are all
+        answered (``_read_answers``) or have timed out too."""
+        while not self.closed:
+            try:
+                wait = flush_after(rpc.get_rpc_timeout())
+            except Exception:  # no RPC agent any more (the channel closes next)
+                wait = flush_after(0)
+            self._watch_short = time.monotonic() - self._owed.last_held < 2.0
+            self._watch_wake.wait(wait if self._watch_short else 1.0)
+            self._watch_wake.clear()
+            self._owed.write_due(time.monotonic() - wait)
+            self._expire(time.monotonic())
+
+    def _expire(self, now: float) -> None:
+        """Fail the calls unanswered past their deadline (see ``_watch_calls``)."""
+        with self._lock:
+            late = [seq for seq, (_, _, deadline) in self._calls.items() if deadline < now]
+            calls = [self._calls.pop(seq) for seq in late]
+            retired = []
+            for conn in {id(c): c for c, _, _ in calls}.values():
+                if self._out.get(conn.peer) is conn:
+                    del self._out[conn.peer]
+                if not self._uses(conn):
+                    retired.append(conn)
+        for conn in retired:
+            conn.close("its calls timed out")
+        for conn, on_done, _ in calls:
+            why = f"RPC ran for more than set timeout: no answer from worker {conn.peer}"
+            _run_callback(on_done, None, why)
 
     def _fail(self, which: Callable[[Connection], bool], why: str) -> None:
         with self._lock:
@@ -405,6 +427,8 @@ class Channel:
             self._out.clear()
             if not fail_calls:
                 self._calls.clear()
+        self._watch_wake.set()
+        self._owed.write_due(math.inf)  # owed.py [Note: answers that wait]
         if listener is not None:
             try:  # wakes the thread blocked in accept()
                 listener.shutdown(socket.SHUT_RDWR)

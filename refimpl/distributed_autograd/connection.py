@@ -1,4 +1,5 @@
-"""One TCP connection of the gradient channel (channel.py): ordered writes that never block.
+"""One TCP connection of the gradient channel (channel.py): ordered writes that never block;
+and the address the channel listens on (``listen_address``: where TensorPipe listens).
 
 [Note: a write never blocks its thread]
 A channel's handlers forward gradients, so a thread that reads from one connection writes to
@@ -14,9 +15,30 @@ A closed connection (by either side, or by a failed write) refuses writes with i
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
+import struct
 import threading
 from collections import deque
+
+
+def listen_address() -> str:
+    """Where TensorPipe listens: ``TP_SOCKET_IFNAME``'s IPv4 address, else the host name's."""
+    ifname = os.environ.get("TP_SOCKET_IFNAME")
+    if ifname:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
+            except OSError as exc:
+                raise RuntimeError(
+                    f"TP_SOCKET_IFNAME={ifname!r} names no interface with an IPv4 address ({exc})"
+                ) from exc
+        return socket.inet_ntoa(packed[20:24])
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _advance(pieces: list, sent: int) -> list:

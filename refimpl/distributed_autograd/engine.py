@@ -55,7 +55,7 @@ from . import credit as credit_mod
 from .capture import install_leaf_hooks
 from .context import DistAutogradContext, container
 from .functions import SEND_NAME, RecvBackward
-from .handlers import answers_by_forwarding, handler
+from .handlers import defers_empty_answer, handler
 
 # torch's profiler scope of a distributed backward (see [Note: profiler scopes]).
 BACKWARD_NAME = "torch::distributed::autograd::backward"
@@ -316,7 +316,7 @@ def _credit_returned(pass_id: int, credit, reached, error) -> None:
 
 
 @handler
-@answers_by_forwarding  # its answer rides in its message to the sender (channel.py)
+@defers_empty_answer  # its empty answer waits for a message to the sender (owed.py)
 def _receive_gradients(
     root: int,
     pass_id: int,

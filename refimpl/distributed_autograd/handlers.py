@@ -9,9 +9,11 @@ on arrival. Any other function travels pickled, as before. Every worker imports 
 that register them (``refimpl.distributed_autograd`` imports them all), so a name always
 resolves; one that does not becomes the call's error.
 
-A handler may also declare that it answers by forwarding (:func:`answers_by_forwarding`): its
-answer is empty once it has sent a message to its caller, which it does only as its last act,
-so the answer can ride in that message (channel.py [Note: an answer that rides along]).
+A handler may also declare that its empty answer can wait (:func:`defers_empty_answer`): an
+empty answer tells its caller nothing the caller waits for, and a non-empty one is only given
+when it sent its caller nothing. Such an answer rides in a later message to the caller, or is
+written a little later (channel.py [Note: an answer that rides along], owed.py [Note: answers
+that wait]).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 
 _BY_NAME: dict[str, Callable] = {}
 _NAMES: dict[Callable, str] = {}
-_FORWARDERS: set = set()
+_DEFERRING: set = set()
 
 
 def handler(fn: Callable) -> Callable:
@@ -32,10 +34,11 @@ def handler(fn: Callable) -> Callable:
     return fn
 
 
-def answers_by_forwarding(fn: Callable) -> Callable:
-    """Declare ``fn`` a handler whose answer is always empty once it has sent a message to its
-    caller, which it does only as its last act; returns ``fn`` (a decorator)."""
-    _FORWARDERS.add(fn)
+def defers_empty_answer(fn: Callable) -> Callable:
+    """Declare that ``fn``'s empty answer may wait, and that ``fn`` answers empty whenever it
+    has sent its caller a message, which it does only as its last act; returns ``fn`` (a
+    decorator)."""
+    _DEFERRING.add(fn)
     return fn
 
 
@@ -52,9 +55,9 @@ def by_name(name: str) -> Callable:
     return fn
 
 
-def forwards(fn: Callable) -> bool:
-    """Whether ``fn`` answers by forwarding."""
-    return fn in _FORWARDERS
+def defers(fn: Callable) -> bool:
+    """Whether ``fn``'s empty answer may wait (:func:`defers_empty_answer`)."""
+    return fn in _DEFERRING
 
 
 def _unknown(name: str, *args):

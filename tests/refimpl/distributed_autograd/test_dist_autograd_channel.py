@@ -183,15 +183,7 @@ def test_a_closed_channel_refuses_calls_and_fails_those_in_flight(pair):
     assert not pair[0].call(1, _scale, (torch.ones(1), 1.0), _Answers()), "sent on a closed one"
 
 
-# address ---------------------------------------------------------------------------------------
-def test_the_channel_listens_on_the_tensorpipe_interface(monkeypatch):
-    monkeypatch.setenv("TP_SOCKET_IFNAME", "lo")
-    assert channel_mod.listen_address() == "127.0.0.1"
-    monkeypatch.setenv("TP_SOCKET_IFNAME", "no-such-if0")
-    with pytest.raises(RuntimeError, match="TP_SOCKET_IFNAME='no-such-if0' names no interface"):
-        channel_mod.listen_address()
-
-
+# switch ----------------------------------------------------------------------------------------
 def test_the_channel_can_be_switched_off(monkeypatch):
     monkeypatch.setenv(channel_mod.ENV, "rpc")
     assert not channel_mod.enabled()
@@ -308,7 +300,7 @@ def _send_back(value) -> None:
     assert _PAIR[1].call(0, _record, (value,), None), "no connection back to worker 0"
 
 
-@handlers.answers_by_forwarding
+@handlers.defers_empty_answer
 def _forward_back(value) -> None:
     _send_back(value)
 
@@ -336,6 +328,68 @@ def test_an_empty_answer_rides_in_a_message_back_to_the_caller(pair, monkeypatch
     # worker 0's call to 1, worker 1's message back to 0, and (not declared) 1's answer to 0
     assert written == ([1, 0] if forwarding else [1, 0, 0])
     assert answers.got == [(None, None)], "answered once"
+
+
+# owed.py [Note: answers that wait] ----------------------------------------------------------------
+@handlers.defers_empty_answer
+def _run_quietly(value) -> None:
+    """A deferring handler that sends its caller nothing: its empty answer is held."""
+    _record(value)
+
+
+def _open_both(pair) -> None:
+    _PAIR.clear()
+    _PAIR.update(pair)
+    for src, dst in ((1, 0), (0, 1)):
+        opened = _Answers()
+        _call(pair[src], dst, _scale, (torch.ones(1), 1.0), opened)
+        opened.wait()
+
+
+def test_a_held_answer_rides_in_the_next_frame_to_the_caller(pair, monkeypatch):
+    """The empty answer of a deferring handler is not written when the handler returns; the
+    receiver's next frame to the caller carries it, and no answer frame is ever written."""
+    monkeypatch.setattr("refimpl.distributed_autograd.owed._FLUSH_AFTER", 30.0)
+    _open_both(pair)
+    written = _count_writes(monkeypatch)
+    _RAN.clear()
+    _RAN_EVENT.clear()
+    answers = _Answers()
+    _call(pair[0], 1, _run_quietly, (1,), answers)
+    assert _RAN_EVENT.wait(30) and _RAN == [1]
+    time.sleep(0.3)
+    assert not answers.got, "the empty answer was written at once"
+    assert pair[0]._calls, "the caller forgot its call before any answer"
+    _RAN_EVENT.clear()
+    assert pair[1].call(0, _record, (2,), None)  # worker 1's next frame to worker 0
+    assert answers.wait() == (None, None)
+    assert _RAN_EVENT.wait(30) and _RAN == [1, 2]
+    time.sleep(0.3)
+    assert written == [1, 0], "an answer frame was written besides the two calls"
+    assert answers.got == [(None, None)] and not pair[0]._calls
+
+
+def test_a_held_answer_is_written_after_a_while_or_on_close(pair, monkeypatch):
+    """With no frame to ride in, a held answer is written on its own within ``flush_after`` (a
+    quarter of a short RPC timeout, so the call never times out); a closing channel writes the
+    ones it still holds before closing."""
+    monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 0.4)  # 0.1 s at most
+    _open_both(pair)
+    answers = [_Answers() for _ in range(3)]
+    for k, answer in enumerate(answers):
+        _call(pair[0], 1, _run_quietly, (k,), answer)
+    for answer in answers:
+        assert answer.wait() == (None, None), "a held answer made its call fail"
+        assert answer.got == [(None, None)]
+    monkeypatch.setattr("refimpl.distributed_autograd.owed._FLUSH_AFTER", 30.0)
+    monkeypatch.setattr(channel_mod.rpc, "get_rpc_timeout", lambda: 600.0)
+    time.sleep(1.5)  # the watch thread now waits 30 s between writes
+    late = _Answers()
+    _call(pair[0], 1, _run_quietly, ("held",), late)
+    time.sleep(0.3)
+    assert not late.got
+    pair[1].close()
+    assert late.wait() == (None, None), "the answer was lost when the channel closed"
 
 
 # handlers by name (handlers.py) ------------------------------------------------------------------------

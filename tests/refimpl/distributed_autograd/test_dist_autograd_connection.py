@@ -1,5 +1,5 @@
 """One connection of the gradient channel (connection.py): ordered writes that never block,
-and what a borrowed frame leaves behind."""
+what a borrowed frame leaves behind, and where the channel listens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from refimpl.distributed_autograd.connection import Connection
+from refimpl.distributed_autograd.connection import Connection, listen_address
 from refimpl.distributed_autograd.frames import decode, encode
 
 
@@ -70,3 +70,11 @@ def test_a_closed_connection_refuses_writes_with_its_cause():
     with pytest.raises(ConnectionError, match="worker 3 is closed: peer went away"):
         conn.write(([memoryview(b"x")], []))
     b.close()
+
+
+def test_the_channel_listens_on_the_tensorpipe_interface(monkeypatch):
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "lo")
+    assert listen_address() == "127.0.0.1"
+    monkeypatch.setenv("TP_SOCKET_IFNAME", "no-such-if0")
+    with pytest.raises(RuntimeError, match="TP_SOCKET_IFNAME='no-such-if0' names no interface"):
+        listen_address()
