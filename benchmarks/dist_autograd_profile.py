@@ -75,8 +75,8 @@ def instrument() -> None:
     from refimpl.distributed_autograd.context import DistAutogradContext
 
     _wrap(engine, "_collect_leaves", "walk")
-    _wrap(engine, "_autograd_run", "autograd")  # the capture by pre-hooks
-    if hasattr(engine, "_autograd_grad"):  # the capture in C++ (capture.py [Note: two ways])
+    _wrap(engine, "_autograd_run", "autograd")
+    if hasattr(engine, "_autograd_grad"):  # refimpl before the two runs were one function
         _wrap(engine, "_autograd_grad", "autograd")
     _wrap(engine, "_own_buffers", "accumulate")
     if hasattr(DistAutogradContext, "accumulate_all"):

@@ -165,45 +165,38 @@ def _storage_key(grad: torch.Tensor) -> int:
     return grad.untyped_storage().data_ptr()
 
 
-def _autograd_run(outputs, grad_outputs, retain_graph: bool) -> None:
-    """``torch.autograd.backward(outputs, grad_outputs)`` without its argument checks.
+def _autograd_run(outputs, grad_outputs, retain_graph: bool, inputs=None):
+    """``torch.autograd.backward(outputs, grad_outputs)`` without its argument checks; with
+    ``inputs`` (gradient edges), ``torch.autograd.grad``'s run instead: the gradients flowing
+    into those edges are returned, and their nodes are not run.
 
     ``torch.autograd.backward`` validates and normalizes every (output, gradient) pair in
     Python (``_make_grads``), which costs microseconds per tensor on every local run; here the
     gradients are the roots' ``ones_like`` or come from autograd on the other side of a send
-    edge, so they already match. This calls the engine entry point that ``backward`` itself
-    ends in (torch-private: ``refimpl._torch_compat.engine_run_backward``).
+    edge, so they already match. This calls the engine entry point that ``backward`` and
+    ``grad`` end in (torch-private: ``refimpl._torch_compat.engine_run_backward``).
     """
-    engine_run_backward(
-        tuple(outputs),
-        tuple(grad_outputs),
-        retain_graph,
-        False,  # create_graph
-        (),  # inputs
-        allow_unreachable=True,
-        accumulate_grad=True,
-    )
-
-
-def _autograd_grad(outputs, grad_outputs, retain_graph: bool, nodes: list, recvs: list) -> tuple:
-    """One local run that returns the gradients flowing into the leaves' ``AccumulateGrad``
-    ``nodes`` (``None`` for one that got none) without running those nodes, as
-    ``torch.autograd.grad`` does: torch's engine takes them in C++ and runs the leaves' tensor
-    hooks on them. The recv nodes must still run (their backward takes the gradients to ship):
-    each one's edge to its context's anchor leaf is asked for too, which makes autograd run it.
-    """
-    inputs = [GradientEdge(node, 0) for node in nodes]
-    anchors = {id(edge[0]): edge for edge in (recv.next_functions[0] for recv in recvs)}
-    inputs.extend(GradientEdge(node, nr) for node, nr in anchors.values())
     return engine_run_backward(
         tuple(outputs),
         tuple(grad_outputs),
         retain_graph,
         False,  # create_graph
-        tuple(inputs),
+        () if inputs is None else tuple(inputs),
         allow_unreachable=True,
-        accumulate_grad=False,
+        accumulate_grad=inputs is None,
     )
+
+
+def _capture_edges(nodes: list, recvs: list) -> list:
+    """The edges a local run asks autograd for (capture.py [Note: two ways to capture]): each
+    leaf's ``AccumulateGrad`` ``nodes``, whose gradients torch's engine takes in C++ (running
+    the leaves' tensor hooks on them) without running the nodes; and each recv node's edge to
+    its context's anchor leaf, which makes autograd still run the recv node (its backward takes
+    the gradients to ship)."""
+    inputs = [GradientEdge(node, 0) for node in nodes]
+    anchors = {id(edge[0]): edge for edge in (recv.next_functions[0] for recv in recvs)}
+    inputs.extend(GradientEdge(node, nr) for node, nr in anchors.values())
+    return inputs
 
 
 def _start_node(output):
@@ -235,7 +228,8 @@ def _run_local(
             leaf_grads = cap.leaf_grads()
         else:
             with capture.active(cap):
-                grads = _autograd_grad(outputs, grad_outputs, retain_graph, nodes, recvs)
+                edges = _capture_edges(nodes, recvs)
+                grads = _autograd_run(outputs, grad_outputs, retain_graph, edges)
             leaf_grads = {
                 leaf: g for leaf, g in zip(leaves, grads[: len(leaves)], strict=True) if g is not None
             }
@@ -352,23 +346,21 @@ def _receive_gradients(
     # The sender is in ctx.known_workers already: it is where the send edges were sent to.
     key = (root, pass_id)
     if ctx.receive_lock.acquire(blocking=False):  # nothing runs here: run now, with any queued
-        try:
-            with ctx.lock:
-                queued = ctx.inbox.pop(key, None)
-            batch = [*queued, message] if queued else [message]  # in arrival order
-            share, path, outbound, error = _run_messages(ctx, me, batch)
-        finally:
-            ctx.receive_lock.release()
+        with ctx.lock:
+            batch = [*ctx.inbox.pop(key, ()), message]  # in arrival order
     else:
         with ctx.lock:
             ctx.inbox.setdefault(key, []).append(message)
-        with ctx.receive_lock:
-            with ctx.lock:
-                batch = ctx.inbox.pop(key, [])
-            if not batch:  # run already, with a message that came before it
-                cont.pass_finished(context_id)
-                return None
-            share, path, outbound, error = _run_messages(ctx, me, batch)
+        ctx.receive_lock.acquire()
+        with ctx.lock:
+            batch = ctx.inbox.pop(key, [])
+    try:
+        if not batch:  # run already, with a message that came before it
+            cont.pass_finished(context_id)
+            return None
+        share, path, outbound, error = _run_messages(ctx, me, batch)
+    finally:
+        ctx.receive_lock.release()
     # Finished here before anything is sent on: once the root has all its credit back, no
     # worker still counts this pass (debug info).
     cont.pass_finished(context_id)
