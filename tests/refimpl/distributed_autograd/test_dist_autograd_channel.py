@@ -307,7 +307,7 @@ def _forward_back(value) -> None:
 
 @pytest.mark.parametrize("forwarding", [True, False], ids=["declared", "not-declared"])
 def test_an_empty_answer_rides_in_a_message_back_to_the_caller(pair, monkeypatch, forwarding):
-    """A handler declared ``answers_by_forwarding`` that sends to its caller answers in that
+    """A handler declared ``defers_empty_answer`` that sends to its caller answers in that
     message: the caller's call is answered, empty, and no answer frame of its own is written;
     a handler not declared so gets its answer frame as before."""
     _PAIR.clear()
