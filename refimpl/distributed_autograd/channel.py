@@ -373,7 +373,7 @@ class Channel:
             self._watch = _thread(self._watch_calls, "refimpl-channel-watch")
 
     def _watch_calls(self) -> None:
-        """Write the answers held too long (owed.py), every few milliseconds while answers are
+        """Write the answers held too long (owed.py), every ``flush_after`` while answers are
         being held (and for 2 s after the last), and fail the calls unanswered past their
         deadline (the RPC timeout). A timed-out call's connection stops taking new calls (the
         next message to that peer opens a new one) but stays open for the answers of its
