@@ -362,7 +362,8 @@ class Channel:
     def _hold(self, peer: int, seq: int, conn: Connection) -> None:
         """Hold the empty answer to ``peer``'s call ``seq`` (owed.py [Note: answers that
         wait]); the watch thread is woken only when it sleeps long, not on every pass."""
-        if self._owed.hold(peer, seq, conn) and not self._watch_short:
+        self._owed.hold(peer, seq, conn)
+        if not self._watch_short:
             with self._lock:
                 self._start_watch()
             self._watch_wake.set()
@@ -384,7 +385,7 @@ class Channel:
                 wait = flush_after(rpc.get_rpc_timeout())
             except Exception:  # no RPC agent any more (the channel closes next)
                 wait = flush_after(0)
-            self._watch_short = time.monotonic() - self._owed.last_held < 2.0
+            self._watch_short = bool(self._owed) or time.monotonic() - self._owed.last_held < 2.0
             self._watch_wake.wait(wait if self._watch_short else 1.0)
             self._watch_wake.clear()
             self._owed.write_due(time.monotonic() - wait)

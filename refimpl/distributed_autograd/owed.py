@@ -44,15 +44,12 @@ class OwedAnswers:
         self._by_peer: dict[int, list[tuple[int, object, float]]] = {}
         self.last_held = -float("inf")  # when an answer was last held (monotonic)
 
-    def hold(self, peer: int, seq: int, conn) -> bool:
-        """Hold the empty answer to ``peer``'s call ``seq`` (which came on ``conn``). Returns
-        whether nothing was held before (then whoever flushes should be told)."""
+    def hold(self, peer: int, seq: int, conn) -> None:
+        """Hold the empty answer to ``peer``'s call ``seq`` (which came on ``conn``)."""
         now = time.monotonic()
         with self._lock:
-            idle = not self._by_peer
             self._by_peer.setdefault(peer, []).append((seq, conn, now))
             self.last_held = now
-        return idle
 
     def take(self, peer: int) -> list:
         """The answers held for ``peer``, which are no longer held (they go in a frame to it)."""
@@ -95,4 +92,5 @@ class OwedAnswers:
                 pass  # closed: its peer fails those calls when it sees the close
 
     def __bool__(self) -> bool:
+        """Whether any answer is held (put back ones included)."""
         return bool(self._by_peer)

@@ -175,14 +175,14 @@ def test_accumulate_all_adds_into_what_the_context_holds_even_the_same_tensor():
 
 
 # ---------------------------------------------------------------------------------------------
+_kept: dict = {}  # per worker: what a check keeps between its RPCs
+
+
 def _rref_of_ones():
     from torch.distributed import rpc
 
     _kept["t"] = torch.ones(3, requires_grad=True)
     return rpc.RRef(_kept["t"])
-
-
-_kept: dict = {}
 
 
 def _count_release_rpcs() -> None:
