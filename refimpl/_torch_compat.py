@@ -30,6 +30,7 @@ __all__ = [
     "MODULE_PARAMETERS",
     "composable_fully_shard",
     "current_rpc_agent",
+    "current_rpc_agent_function",
     "composable_replicate",
     "ddp_mixed_precision",
     "dist_autograd_debug_info",
@@ -212,9 +213,16 @@ def current_rpc_agent():
     it. ``rpc.get_worker_info()`` tells the worker, not the agent incarnation; only the agent
     object does.
     """
+    return current_rpc_agent_function()()
+
+
+def current_rpc_agent_function():
+    """The function behind :func:`current_rpc_agent`, for callers that ask on every message
+    (the distributed autograd engine checks the agent per gradient message: one C call, not
+    two Python calls and an import statement)."""
     from torch.distributed.rpc.api import _get_current_rpc_agent
 
-    return _get_current_rpc_agent()
+    return _get_current_rpc_agent
 
 
 def dist_autograd_debug_info() -> dict[str, str]:

@@ -172,6 +172,7 @@ class Channel:
                 conn.close("channel closed")
                 return
             self._served.append(conn)
+        by_name, deferring = handlers.BY_NAME, handlers.DEFERRING
         try:
             while True:
                 tail: list = []
@@ -180,7 +181,7 @@ class Channel:
                     for answered in ack:
                         self._answered(answered)
                 if type(fn) is str:  # a handler by name (handlers.py)
-                    fn = handlers.by_name(fn)
+                    fn = by_name.get(fn) or handlers.by_name(fn)
                 if has_tail:
                     args = (*args, tail)
                 if seq == _NO_ANSWER:
@@ -189,7 +190,7 @@ class Channel:
                 if not self._is_current():  # RPC was shut down (and maybe started again) here
                     answer, error = None, "the worker's RPC agent that this channel served is gone"
                 else:
-                    armed = handlers.defers(fn)
+                    armed = fn in deferring  # handlers.defers(fn)
                     _serving.call = (peer, seq) if armed else None
                     try:
                         answer, error = fn(*args), None
@@ -234,11 +235,11 @@ class Channel:
         owed = self._owed.take(dst)  # ([Note: an answer that rides along])
         serving = getattr(_serving, "call", None)
         serving = serving[1] if serving is not None and serving[0] == dst else None
-        ack = [seq for seq, _, _ in owed]
+        ack = [seq for seq, _, _ in owed] if owed else []
         if serving is not None:
             ack.append(serving)
         ack = tuple(ack) if ack else None
-        fn = handlers.name_of(fn)
+        fn = handlers.NAMES.get(fn, fn)  # handlers.name_of(fn)
         has_tail = tail is not None
         if on_done is None:
             if self.closed:
@@ -261,7 +262,8 @@ class Channel:
                 self._owed.put_back(dst, owed)
                 return False
             self._calls[seq] = (conn, on_done, deadline)
-            self._start_watch()
+            if self._watch is None:
+                self._start_watch()
         try:
             conn.write(encode((seq, fn, args, ack, has_tail), tail))
         except Exception:

@@ -31,7 +31,7 @@ import torch
 from torch.autograd.graph import GradientEdge
 from torch.distributed import rpc
 
-from .._torch_compat import current_rpc_agent
+from .._torch_compat import current_rpc_agent_function
 from .channel import Channel
 from .channel import enabled as channel_enabled
 
@@ -183,7 +183,7 @@ class ContextContainer:
 
     def _is_current(self) -> bool:
         try:
-            return current_rpc_agent() is self.agent
+            return _current_agent() is self.agent
         except RuntimeError:  # no agent at all: shut down
             return False
 
@@ -261,21 +261,20 @@ _container_instance: ContextContainer | None = None
 _tls = threading.local()
 
 
-def _rpc_agent():
-    try:
-        return current_rpc_agent()
-    except RuntimeError as exc:
-        raise RuntimeError(
-            "refimpl.distributed_autograd needs an initialized RPC agent: call "
-            "torch.distributed.rpc.init_rpc(...) first"
-        ) from exc
+_current_agent = current_rpc_agent_function()  # asked once per gradient message: one C call
 
 
 def container() -> ContextContainer:
     """The container of this process's RPC agent (a new one when the agent was replaced)."""
     global _container_instance
     cont = _container_instance
-    agent = _rpc_agent()
+    try:
+        agent = _current_agent()
+    except RuntimeError as exc:
+        raise RuntimeError(
+            "refimpl.distributed_autograd needs an initialized RPC agent: call "
+            "torch.distributed.rpc.init_rpc(...) first"
+        ) from exc
     if cont is not None and cont.agent is agent:
         return cont
     with _container_lock:

@@ -233,39 +233,71 @@ def _read_exact(rfile, n: int) -> bytearray:
     return buf
 
 
-def _read(rfile, n: int) -> bytes:
-    """``n`` bytes (a buffered reader's ``read`` returns fewer only at the end of the stream)."""
-    data = rfile.read(n)
-    if len(data) != n:
-        raise ConnectionError("connection closed by peer (EOF)")
-    return data
-
-
 def encode_empty_answer(seq: int) -> tuple[list, list]:
     """The frame of the answer ``(seq, None, None)``: a header alone (most answers are empty:
     a gradient message's answer only says it was handled; no pickle to write or read)."""
     return [memoryview(_HEADER.pack(_EMPTY_ANSWER, seq, 0))], []
 
 
+_HEADER_SIZE = _HEADER.size
+
+
 def decode(rfile, tensors_out: list | None = None):
     """Read one frame (see :func:`encode`) from a buffered reader: the object. ``tensors_out``:
-    a list that gets the frame's tensors (a tail sent beside the object, not in it)."""
-    meta_len, body_len, count = _HEADER.unpack(_read(rfile, _HEADER.size))
+    a list that gets the frame's tensors (a tail sent beside the object, not in it).
+
+    The usual gradient message (one tensor, a layout seen before) is read with a handful of C
+    calls and no Python call: this runs on a thread that just woke up, where every call costs
+    microseconds."""
+    header = rfile.read(_HEADER_SIZE)
+    if len(header) != _HEADER_SIZE:
+        raise ConnectionError("connection closed by peer (EOF)")
+    meta_len, body_len, count = _HEADER.unpack(header)
     if meta_len == _EMPTY_ANSWER:
         return body_len, None, None
-    head = _read(rfile, 8 * count + meta_len + body_len)  # buffer sizes, layout, pickle: one read
-    sizes = struct.unpack_from(f"!{count}Q", head) if count else ()
+    size = 8 * count + meta_len + body_len
+    head = rfile.read(size)  # buffer sizes, layout, pickle: one read
+    if len(head) != size:
+        raise ConnectionError("connection closed by peer (EOF)")
     meta_end = 8 * count + meta_len
     if not count:
         return pickle.loads(memoryview(head)[meta_end:])
     meta = head[8 * count : meta_end]
     parsed = _LAYOUTS.get(meta)
     if parsed is None:
-        parsed = _remember(_LAYOUTS, meta, pickle.loads(meta))
-    names, layout = parsed
-    tensors: list = [None] * sum(len(members) for members, _ in layout)
-    for name, n, (members, shapes) in zip(names, sizes, layout, strict=True):
-        dtype = _dtype(name)
+        names, layout = pickle.loads(meta)
+        parsed = _remember(
+            _LAYOUTS, meta, ([_dtype(n) for n in names], layout, sum(len(m) for m, _ in layout))
+        )
+    dtypes, layout, total = parsed
+    if count == 1 and total == 1:  # one tensor: its bytes, viewed in its shape
+        (n,) = _ONE_SIZE.unpack_from(head)
+        if n:  # a buffered reader's readinto fills the buffer unless the stream ends
+            data = bytearray(n)
+            if rfile.readinto(data) != n:
+                raise ConnectionError("connection closed by peer (EOF)")
+            flat = torch.frombuffer(data, dtype=dtypes[0])
+        else:
+            flat = torch.empty(0, dtype=dtypes[0])
+        tensors = [flat.view(layout[0][1][0])]
+    else:
+        tensors = _tensors(rfile, struct.unpack_from(f"!{count}Q", head), dtypes, layout, total)
+    if tensors_out is not None:
+        tensors_out.extend(tensors)
+    _decoding.tensors = tensors
+    try:
+        return pickle.loads(memoryview(head)[meta_end:])
+    finally:
+        _decoding.tensors = None
+
+
+_ONE_SIZE = struct.Struct("!Q")
+
+
+def _tensors(rfile, sizes, dtypes, layout, total) -> list:
+    """A frame's tensors, read from its raw buffers (one per dtype) in layout order."""
+    tensors: list = [None] * total
+    for dtype, n, (members, shapes) in zip(dtypes, sizes, layout, strict=True):
         if n:
             flat = torch.frombuffer(_read_exact(rfile, n), dtype=dtype)
         else:
@@ -279,10 +311,4 @@ def decode(rfile, tensors_out: list | None = None):
             parts = flat.split([math.prod(shape) for shape in shapes])
             for i, shape, part in zip(members, shapes, parts, strict=True):
                 tensors[i] = part if len(shape) == 1 else part.view(shape)
-    if tensors_out is not None:
-        tensors_out.extend(tensors)
-    _decoding.tensors = tensors
-    try:
-        return pickle.loads(memoryview(head)[meta_end:])
-    finally:
-        _decoding.tensors = None
+    return tensors

@@ -93,13 +93,15 @@ def test_merge_items_sums_gradients_for_one_send_edge_and_names_missing_edges():
     ctx = DistAutogradContext(context_id=5)
     x = torch.rand(2, requires_grad=True)
     first, second = ctx.add_send(send_edge(x * 2), 1), ctx.add_send(send_edge(x * 3), 2)
-    # a message: (send ids, gradients), one gradient per send id
+    def batch(*messages):  # a message: ((send ids, gradients), its credit, its path)
+        return [(items, (1, len(messages)), frozenset({0})) for items in messages]
+
     edges, grads = _merge_items(
-        ctx, [([first], [torch.ones(2)]), ([second, first], [torch.ones(2), torch.ones(2)])]
+        ctx, batch(([first], [torch.ones(2)]), ([second, first], [torch.ones(2), torch.ones(2)]))
     )
     assert len(edges) == 2 and [g.tolist() for g in grads] == [[2.0, 2.0], [1.0, 1.0]]
-    edges, grads = _merge_items(ctx, [([second, first], [torch.ones(2), 2 * torch.ones(2)])])
+    edges, grads = _merge_items(ctx, batch(([second, first], [torch.ones(2), 2 * torch.ones(2)])))
     assert edges == [ctx.sends[second][0], ctx.sends[first][0]]
     assert [g.tolist() for g in grads] == [[1.0, 1.0], [2.0, 2.0]]
     with pytest.raises(RuntimeError, match=r"no send edge \[99\] in autograd context 5"):
-        _merge_items(ctx, [([first, 99], [torch.ones(2), torch.ones(2)])])
+        _merge_items(ctx, batch(([first, 99], [torch.ones(2), torch.ones(2)])))
