@@ -264,7 +264,7 @@ def _send_on(
     part = credit_mod.split(share, len(dsts))
     for dst in dsts:
         items = outbound[dst]
-        send_ids, grads = map(list, zip(*items))  # no Python frame per message
+        send_ids, grads = map(list, zip(*items, strict=True))  # no Python frame per message
         args = (root, pass_id, ctx.context_id, me, send_ids, retain_graph, part, path)
         if dst == root:
             answered = None
