@@ -85,15 +85,10 @@ class Capture:
         return dict(self.leaves.values())
 
 
-class active:
-    """``with active(capture):`` — make ``capture`` the current thread's run capture."""
-
-    def __init__(self, capture: Capture) -> None:
-        self.capture = capture
-
     def __enter__(self) -> Capture:
-        autograd_tls_stash(_TLS_KEY, self.capture)
-        return self.capture
+        """``with capture:`` makes it the current thread's run capture."""
+        autograd_tls_stash(_TLS_KEY, self)
+        return self
 
     def __exit__(self, *exc) -> None:
         autograd_tls_remove(_TLS_KEY)

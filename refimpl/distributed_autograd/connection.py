@@ -16,6 +16,7 @@ A closed connection (by either side, or by a failed write) refuses writes with i
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import socket
 import struct
@@ -41,6 +42,19 @@ def listen_address() -> str:
         return "127.0.0.1"
 
 
+class _SocketReader(io.RawIOBase):
+    """A socket as the raw stream of a ``BufferedReader``: its ``readinto`` is the socket's own
+    ``recv_into`` (C). ``socket.makefile`` puts a Python ``SocketIO`` there, whose ``readinto``
+    costs two Python frames per read, on a thread that just woke up to read a message."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.readinto = sock.recv_into  # blocking; an interrupted read is retried (PEP 475)
+
+    def readable(self) -> bool:
+        return True
+
+
 def _advance(pieces: list, sent: int) -> list:
     """The pieces still to write after ``sent`` bytes of them were written."""
     while pieces and sent >= pieces[0].nbytes:
@@ -57,7 +71,7 @@ class Connection:
     def __init__(self, sock: socket.socket, peer: int) -> None:
         self.sock = sock
         self.peer = peer
-        self.rfile = sock.makefile("rb", buffering=1 << 16)
+        self.rfile = io.BufferedReader(_SocketReader(sock), buffer_size=1 << 16)
         self.closed: str | None = None  # why, once closed
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)

@@ -43,6 +43,7 @@ bookkeeping is undone on every worker whatever happens.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -98,7 +99,7 @@ def _collect_leaves(start) -> tuple[list[torch.Tensor], list, list]:
     """Leaves requiring grad reachable from ``start`` nodes, their ``AccumulateGrad`` nodes, and
     the reachable recv nodes (the walk stops at both)."""
     seen: set = set()
-    stack = [n for n in start if n is not None]
+    stack = list(filter(None, start))  # (nodes are never false; no comprehension frame)
     leaves: list[torch.Tensor] = []
     nodes: list = []
     recvs: list = []
@@ -230,11 +231,11 @@ def _run_local(
         if node_hooks_seen():  # capture.py [Note: two ways to capture]
             # After any pre-hook a user put on the node (capture.py [Note: the leaf hook stays]).
             install_leaf_hooks(leaves, nodes)
-            with capture.active(cap):
+            with cap:  # the run's capture, found by the hooks (capture.py)
                 _autograd_run(outputs, grad_outputs, retain_graph)
             leaf_grads = cap.leaf_grads()
         else:
-            with capture.active(cap):
+            with cap:
                 edges = _capture_edges(nodes, recvs)
                 grads = _autograd_run(outputs, grad_outputs, retain_graph, edges)
             leaf_grads = {
@@ -261,7 +262,7 @@ def _send_on(
     dsts = list(outbound)
     with ctx.lock:
         ctx.known_workers.update(dsts)
-    part = credit_mod.split(share, len(dsts))
+    part = share if len(dsts) == 1 else credit_mod.split(share, len(dsts))
     for dst in dsts:
         items = outbound[dst]
         send_ids, grads = map(list, zip(*items, strict=True))  # no Python frame per message
@@ -397,6 +398,9 @@ def _run_messages(ctx: DistAutogradContext, me: int, batch):
     return share, path, outbound, None
 
 
+_first = operator.itemgetter(0)
+
+
 def _merge_items(ctx: DistAutogradContext, batch: list) -> tuple[list, list]:
     """The send edges and gradients of one or more messages (a batch of ``(items, credit,
     path)``); gradients for one edge summed.
@@ -425,7 +429,7 @@ def _merge_items(ctx: DistAutogradContext, batch: list) -> tuple[list, list]:
             f"no send edge {missing} in autograd context {ctx.context_id}: the graph was "
             "released by a previous backward(retain_graph=False)"
         )
-    return [entry[0] for entry in entries], grads
+    return list(map(_first, entries)), grads
 
 
 # public ------------------------------------------------------------------------------------------

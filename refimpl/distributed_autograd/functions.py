@@ -69,6 +69,19 @@ class RecvFunction(torch.autograd.Function):
 
 
 RecvBackward = RecvFunction._backward_cls
+
+
+def _recv_apply(node, *grads):
+    """What autograd calls to run a recv node: ``RecvFunction.backward``'s work, called
+    directly. A Python ``Function``'s node runs ``BackwardCFunction.apply``, which finds the
+    user's ``backward`` (``_get_user_fn``) and then calls it: two Python frames more, on every
+    local run of every hop, for a class whose ``backward`` is known here."""
+    capture_recv(node, grads)
+    return _NO_INPUT_GRADS
+
+
+_NO_INPUT_GRADS = (None, None)  # the anchor's and the payload's: nothing flows on
+RecvBackward.apply = _recv_apply
 # torch's node names (``node.name()`` of a Python node is its class's name). Autograd's profiler
 # records every node it runs under its name, so a run through a recv node shows up as torch's.
 RECV_NAME = RecvBackward.__name__ = "torch::distributed::autograd::RecvRpcBackward"

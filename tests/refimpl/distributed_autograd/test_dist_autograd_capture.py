@@ -15,7 +15,7 @@ def test_leaf_hook_takes_the_gradient_and_runs_post_hooks_without_writing_grad()
     calls = []
     node.register_hook(lambda grad_inputs, grad_outputs: calls.append(1))
     handle = node.register_prehook(capture.leaf_hook(t))
-    with capture.active(capture.Capture(context_id=7, epoch=0)) as cap:
+    with capture.Capture(context_id=7, epoch=0) as cap:
         torch.autograd.backward([a.sum()])
     handle.remove()
     assert t.grad is None, "the capture must not write .grad"
