@@ -76,6 +76,37 @@ class DistAutogradContext:
     recv_functions: dict = field(default_factory=dict)
     _send_ids: Iterator[int] = field(default_factory=itertools.count)
     _message_ids: Iterator[int] = field(default_factory=itertools.count)
+    # Local runs whose leaf gradients are still being added in, after their messages went out
+    # (engine.py [Note: send first]); readers of ``grads`` wait for them (:meth:`gradients`).
+    accumulating: int = 0
+    accumulate_error: str | None = None  # why adding a run's gradients in failed, once it did
+    accumulated: threading.Condition = field(init=False)  # on ``lock``: accumulating fell to 0
+
+    def __post_init__(self) -> None:
+        self.accumulated = threading.Condition(self.lock)
+
+    def gradients(self) -> dict[torch.Tensor, torch.Tensor]:
+        """The gradients accumulated here, once every run's are in (a copy of ``grads``)."""
+        with self.lock:
+            while self.accumulating:
+                self.accumulated.wait()
+            if self.accumulate_error is not None:
+                raise RuntimeError(self.accumulate_error)
+            return dict(self.grads)
+
+    def begin_accumulation(self) -> None:
+        """A run's leaf gradients will be added in later: readers wait until
+        :meth:`end_accumulation`."""
+        with self.lock:
+            self.accumulating += 1
+
+    def end_accumulation(self, error: str | None = None) -> None:
+        with self.lock:
+            self.accumulating -= 1
+            if error is not None and self.accumulate_error is None:
+                self.accumulate_error = error
+            if not self.accumulating:
+                self.accumulated.notify_all()
 
     # torch's names for the accessors tests and tools read ------------------------------------
     def _context_id(self) -> int:
@@ -335,9 +366,7 @@ def current_context_id() -> int:
 
 def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
     """Gradients accumulated on *this* worker in ``context_id``, keyed by the leaf tensor."""
-    ctx = container().retrieve(context_id)
-    with ctx.lock:
-        return dict(ctx.grads)
+    return container().retrieve(context_id).gradients()
 
 
 def _retrieve_context(context_id: int) -> DistAutogradContext:

@@ -34,6 +34,19 @@ once, but must then assume every send function will receive a gradient, and hang
 does not (torch's ``test_backward_unused_send_function``). Here an unused send edge simply
 never gets a message and the pass completes.
 
+[Note: send first]
+A worker that gets gradients runs its part, sends the gradients of its received tensors on,
+and only then adds its leaves' gradients into the context (own buffers, then a sum into what
+is there: on the chain's middle worker the second run adds a 256x256 weight gradient, ~70 us
+of memory traffic, which the next hop no longer waits for). torch's engine does the same by
+its order of execution: a leaf's gradient accumulator is an old node, run after the recv
+node of this pass that sends. What the order must not change: when ``backward`` returns,
+every worker's gradients are in. A run marks its context (``begin_accumulation``) before any
+of its credit leaves the worker, and the readers of the gradients (``get_gradients``,
+``DistributedOptimizer.step``) wait until every marked run is added in. Adding in can only
+fail where memory runs out; such a failure is kept by the context, and reading its gradients
+raises it. The root's own runs add in at once: its ``backward`` waits anyway.
+
 Errors: a failure on worker N (an exception in its local run, or a message its sender could
 not deliver to it) hands that branch's credit back to the root with ``(N, message)``; the root
 raises ``RuntimeError("Error on Node N: message")`` once all credit is back. The pass
@@ -215,9 +228,11 @@ def _run_local(
     outputs: list,
     grad_outputs: list[torch.Tensor],
     retain_graph: bool,
+    later: list | None = None,
 ) -> dict[int, list[tuple[int, torch.Tensor]]]:
     """One local run from ``outputs`` (root tensors or send edges): accumulate leaf grads,
-    return {origin worker: [(send_id, grad)]}.
+    return {origin worker: [(send_id, grad)]}. With ``later`` (a list), the leaf gradients
+    are appended to it instead, for the caller to add in after sending ([Note: send first]).
 
     See capture.py [Note: capture by pre-hooks].
     """
@@ -242,8 +257,25 @@ def _run_local(
                 leaf: g for leaf, g in zip(leaves, grads[: len(leaves)], strict=True) if g is not None
             }
         if leaf_grads:
-            ctx.accumulate_all(_own_buffers(leaf_grads))
+            if later is None:
+                ctx.accumulate_all(_own_buffers(leaf_grads))
+            else:
+                later.append(leaf_grads)
     return cap.recvs
+
+
+def _accumulate_later(ctx: DistAutogradContext, me: int, later: list) -> None:
+    """Add in the leaf gradients of runs whose messages went out first ([Note: send first]),
+    then let the readers of the context's gradients go on. A failure here cannot travel with
+    the credit any more (it is gone): the context keeps it, and reading its gradients raises."""
+    error = None
+    try:
+        for leaf_grads in later:
+            ctx.accumulate_all(_own_buffers(leaf_grads))
+    except Exception as exc:
+        error = f"Error on Node {me}: adding a backward pass's gradients into the context failed: {exc}"
+    finally:
+        ctx.end_accumulation(error)
 
 
 # messaging: one-way gradient messages, credit back to the root (credit.py [Note: credit]) ----
@@ -361,25 +393,35 @@ def _receive_gradients(
         ctx.receive_lock.acquire()
         with ctx.lock:
             batch = ctx.inbox.pop(key, [])
+    later: list = []  # the run's leaf gradients, added in after its messages go ([Note: send first])
     try:
         if not batch:  # run already, with a message that came before it
             cont.pass_finished(context_id)
             return None
-        share, path, outbound, error = _run_messages(ctx, me, batch)
+        share, path, outbound, error = _run_messages(ctx, me, batch, later)
+        if later:
+            ctx.begin_accumulation()  # before any credit leaves: the pass cannot end without it
     finally:
         ctx.receive_lock.release()
     # Finished here before anything is sent on: once the root has all its credit back, no
     # worker still counts this pass (debug info).
     cont.pass_finished(context_id)
     if error is not None or not outbound:
+        if later:
+            _accumulate_later(ctx, me, later)
         return _end_of_branch(me, root, sender, pass_id, share, path, error)
-    _send_on(ctx, me, root, pass_id, outbound, retain_graph, share, path, cont)
+    try:
+        _send_on(ctx, me, root, pass_id, outbound, retain_graph, share, path, cont)
+    finally:
+        if later:
+            _accumulate_later(ctx, me, later)
     return None
 
 
-def _run_messages(ctx: DistAutogradContext, me: int, batch):
+def _run_messages(ctx: DistAutogradContext, me: int, batch, later: list | None = None):
     """Run the local part for one or more gradient messages of a pass (caller holds
-    ``ctx.receive_lock``): (their credit, their paths joined with this worker, outbound, error)."""
+    ``ctx.receive_lock``): (their credit, their paths joined with this worker, outbound, error).
+    ``later``: see ``_run_local``."""
     if len(batch) == 1:
         _, share, path = batch[0]
         path = path if me in path else path | {me}
@@ -392,7 +434,7 @@ def _run_messages(ctx: DistAutogradContext, me: int, batch):
                 edges, grads = _merge_items(ctx, batch)
         else:
             edges, grads = _merge_items(ctx, batch)
-        outbound = _run_local(ctx, edges, grads, retain_graph=True)
+        outbound = _run_local(ctx, edges, grads, True, later)
     except Exception as exc:
         return share, path, {}, (me, f"{exc}")
     return share, path, outbound, None

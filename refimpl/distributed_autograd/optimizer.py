@@ -61,9 +61,7 @@ class _LocalOptimizer:
         self.lock = threading.Lock()
 
     def step(self, context_id: int) -> None:
-        ctx = container().retrieve(context_id)
-        with ctx.lock:
-            grads = dict(ctx.grads)
+        grads = container().retrieve(context_id).gradients()
         if self.functional is not None:
             with self.lock:
                 self.functional.step([grads.get(p) for p in self.params])

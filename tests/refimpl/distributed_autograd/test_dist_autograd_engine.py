@@ -470,3 +470,63 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_worker_sends_on_before_adding_its_gradients_in_and_readers_wait(monkeypatch):
+    """engine.py [Note: send first]: a worker's run sends its received tensors' gradients on
+    before adding its leaves' gradients into the context; ``get_gradients`` (and the optimizer's
+    read) called meanwhile waits until they are in, and a failure to add them in is raised
+    there, not lost."""
+    import importlib
+
+    engine = importlib.import_module("refimpl.distributed_autograd.engine")
+    context = importlib.import_module("refimpl.distributed_autograd.context")
+    functions = importlib.import_module("refimpl.distributed_autograd.functions")
+    cont = context.ContextContainer(1)
+    monkeypatch.setattr(engine, "container", lambda: cont)
+    ctx = cont.get_or_create(7)
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    (r,) = functions.unpack(ctx, 2, [functions.WireTensor(torch.tensor([5.0, 6.0]), 9)])
+    send_id = ctx.add_send(functions.send_edge(r * w), 0)
+    events, readers = [], []
+
+    def read():
+        try:
+            readers.append(ctx.gradients())
+        except RuntimeError as exc:
+            readers.append(exc)
+        events.append("read")
+
+    def send(dst, fn, args, on_done, tensors=(), cont=None, tail=None):
+        events.append(("send", dst, [g.tolist() for g in tail], dict(ctx.grads)))
+        reader = threading.Thread(target=read)  # a reader while the gradients are not in yet
+        reader.start()
+        reader.join(0.2)
+        events.append(("reader waits", reader.is_alive()))
+        readers.append(reader)
+
+    monkeypatch.setattr(engine.messaging, "send", send)
+
+    def receive(accumulate=None):
+        if accumulate is not None:
+            monkeypatch.setattr(ctx, "accumulate_all", accumulate)
+        return engine._receive_gradients(
+            0, 3, 7, 0, [send_id], True, (1, 1), frozenset({0}), [torch.ones(2)]
+        )
+
+    assert receive() is None
+    readers.pop().join(5)
+    assert events == [("send", 2, [[1.0, 2.0]], {}), ("reader waits", True), "read"]
+    assert torch.equal(readers[0][w], torch.tensor([5.0, 6.0]))
+    assert ctx.accumulating == 0 and torch.equal(ctx.gradients()[w], torch.tensor([5.0, 6.0]))
+
+    def broken(grads):
+        raise RuntimeError("out of memory")
+
+    events.clear()
+    receive(broken)
+    readers.pop().join(5)
+    assert events[1:] == [("reader waits", True), "read"]
+    assert "Error on Node 1: adding a backward pass's gradients" in f"{readers[-1]}"
+    with pytest.raises(RuntimeError, match="Error on Node 1: adding a backward pass's gradients"):
+        ctx.gradients()
