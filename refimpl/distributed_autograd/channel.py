@@ -16,7 +16,9 @@ dense CPU tensors (``frames.carries``; the wire format is frames.py), and a cont
 to a worker it sent no forward RPC (lifetime.py [Note: context release]). Everything else
 stays on torch's RPC agent: sparse gradients, CUDA gradients (the agent's device maps apply to
 them), graph releases, the other context releases, and every RPC of the forward. Set
-``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent.
+``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc`` to send everything through the agent (read when the
+worker's context container is made, once per RPC agent; ``container().use_channel`` switches it
+at run time).
 
 Connections. One TCP connection per (sender, receiver) pair, opened in the background after
 the first call (which goes over RPC, as does every call until the connection is open: [Note:
@@ -229,9 +231,11 @@ class Channel:
         [Note: connecting never blocks a sender]); the caller sends another way. ``tail``: a
         list of tensors, ``fn``'s last argument after ``args``, sent as the frame's tensors
         (frames.py [Note: a frame's tail])."""
-        conn = self._outgoing(dst)
-        if conn is None:
-            return False
+        conn = self._out.get(dst)  # an open connection, without the lock (the common case)
+        if conn is None or conn.closed is not None:
+            conn = self._outgoing(dst)
+            if conn is None:
+                return False
         owed = self._owed.take(dst)  # ([Note: an answer that rides along])
         serving = getattr(_serving, "call", None)
         serving = serving[1] if serving is not None and serving[0] == dst else None

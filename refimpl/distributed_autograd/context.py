@@ -180,6 +180,9 @@ class ContextContainer:
         self.worker_id = worker_id
         self.agent = agent
         self._channel: Channel | None = None
+        # REFIMPL_DIST_AUTOGRAD_CHANNEL, read once per agent (not per message: reading the
+        # environment is three Python calls); set to switch the channel on or off at run time
+        self.use_channel = channel_enabled()
         self._closed = False  # the agent was replaced: no channel any more
         self._lock = threading.Lock()
         self._contexts: dict[int, DistAutogradContext] = {}
@@ -201,8 +204,8 @@ class ContextContainer:
 
     @property
     def channel(self) -> Channel | None:
-        """This worker's channel, or ``None`` when disabled (``REFIMPL_DIST_AUTOGRAD_CHANNEL``)."""
-        if not channel_enabled():
+        """This worker's channel, or ``None`` when disabled (``use_channel``)."""
+        if not self.use_channel:
             return None
         if self._channel is None:
             with self._lock:

@@ -260,11 +260,16 @@ def test_errors_and_cleanup(rpc_world):
 
 # ---------------------------------------------------------------------------------------------
 def _set_channel(mode: str) -> None:
+    """The environment variable as a fresh agent reads it, and the running agent's switch."""
+    import importlib
     import os
 
     from refimpl.distributed_autograd import channel
 
     os.environ[channel.ENV] = mode
+    importlib.import_module("refimpl.distributed_autograd.context").container().use_channel = (
+        channel.enabled()
+    )
 
 
 def _channel_calls() -> int:
