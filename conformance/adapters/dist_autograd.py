@@ -260,9 +260,10 @@ class SharesGradBuffers(RefimplDistAutograd):
             super().backward(context_id, roots, retain_graph)
 
 
-def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph):
+def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph, later=None):
     """refimpl's local run before issue 16: torch.autograd.grad with the leaves and the received
-    tensors as inputs, so AccumulateGrad nodes (and their post hooks) never execute."""
+    tensors as inputs, so AccumulateGrad nodes (and their post hooks) never execute. It adds
+    the leaf gradients in at once (``later``, the engine's send-first list, stays empty)."""
     from collections import defaultdict
 
     from torch.autograd.graph import GradientEdge
