@@ -121,9 +121,13 @@ options = rpc.TensorPipeRpcBackendOptions(init_method="file://" + sys.argv[1], _
 rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=options)
 agent = compat.current_rpc_agent()
 assert agent is compat.current_rpc_agent() and agent.get_worker_info().name == "solo"
+get_agent = compat.current_rpc_agent_function()  # bound once, asked per message
+assert get_agent() is agent
 rpc.shutdown()
 with pytest.raises(RuntimeError):
     compat.current_rpc_agent()
+with pytest.raises(RuntimeError):
+    get_agent()
 print("ok")
 """
 

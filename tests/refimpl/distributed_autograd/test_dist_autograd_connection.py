@@ -78,3 +78,24 @@ def test_the_channel_listens_on_the_tensorpipe_interface(monkeypatch):
     monkeypatch.setenv("TP_SOCKET_IFNAME", "no-such-if0")
     with pytest.raises(RuntimeError, match="TP_SOCKET_IFNAME='no-such-if0' names no interface"):
         listen_address()
+
+
+def test_a_connection_reads_frames_through_the_sockets_recv_into_and_sees_the_end():
+    """The read side: a buffered reader whose raw reads are the socket's own ``recv_into`` (no
+    Python frame per read); it reads a frame split across writes, and a peer that leaves ends
+    the stream (the channel's reader threads stop on it)."""
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=1)
+    assert conn.rfile.raw.readinto == a.recv_into
+    pieces, _ = encode(("ping", 3), [torch.arange(5.0)])
+    data = b"".join(bytes(p) for p in pieces)
+    b.sendall(data[:7])  # part of the header first: the reader waits for the rest
+    later = threading.Timer(0.05, lambda: b.sendall(data[7:]))
+    later.start()
+    tail: list = []
+    assert decode(conn.rfile, tail) == ("ping", 3) and torch.equal(tail[0], torch.arange(5.0))
+    later.join()
+    b.close()
+    with pytest.raises(ConnectionError, match="closed by peer"):
+        decode(conn.rfile)
+    conn.close("test over")
