@@ -78,7 +78,7 @@ import torch
 from torch.distributed import rpc
 
 from . import handlers
-from .connection import Connection, listen_address
+from .connection import Connection, listen_address, read_hello
 from .frames import decode, encode, encode_empty_answer
 from .owed import OwedAnswers, flush_after
 
@@ -163,7 +163,7 @@ class Channel:
     def _serve(self, sock: socket.socket) -> None:
         """Check the token, then run the peer's calls in order, answering each."""
         _tune(sock)
-        hello = _read_hello(sock)
+        hello = read_hello(sock, _TOKEN_BYTES + _HELLO.size)
         if hello is None or not hmac.compare_digest(hello[:_TOKEN_BYTES], self._token):
             sock.close()
             return
@@ -174,11 +174,21 @@ class Channel:
                 conn.close("channel closed")
                 return
             self._served.append(conn)
+        try:
+            with conn.reading() as rfile:  # connection.py [Note: the reader closes the socket]
+                self._run_calls(conn, peer, rfile)
+        finally:
+            with self._lock:
+                if conn in self._served:
+                    self._served.remove(conn)
+
+    def _run_calls(self, conn: Connection, peer: int, rfile) -> None:
+        """Run the peer's calls in order, answering each, until the connection ends."""
         by_name, deferring = handlers.BY_NAME, handlers.DEFERRING
         try:
             while True:
                 tail: list = []
-                seq, fn, args, ack, has_tail = decode(conn.rfile, tail)
+                seq, fn, args, ack, has_tail = decode(rfile, tail)
                 if ack is not None:  # see [Note: an answer that rides along]
                     for answered in ack:
                         self._answered(answered)
@@ -215,10 +225,6 @@ class Channel:
                 conn.write(frame)
         except Exception as exc:  # the peer left, or sent what cannot be read: drop it
             conn.close(f"{exc}")
-        finally:
-            with self._lock:
-                if conn in self._served:
-                    self._served.remove(conn)
 
     # sending -----------------------------------------------------------------------------------
     def call(
@@ -345,21 +351,22 @@ class Channel:
         )
 
     def _read_answers(self, conn: Connection) -> None:
-        try:
-            while True:
-                seq, answer, error = decode(conn.rfile)
-                with self._lock:
-                    call = self._calls.pop(seq, None)
-                    retired = self._out.get(conn.peer) is not conn and not self._uses(conn)
-                if call is not None:
-                    _run_callback(call[1], answer, error)
-                if retired:  # replaced after a timeout, and its last call is answered
-                    conn.close("replaced after a timeout")
-                    return
-        except Exception as exc:
-            why = conn.closed or f"{exc}"
-            conn.close(why)
-            self._fail(lambda c: c is conn, f"connection to worker {conn.peer} lost: {why}")
+        with conn.reading() as rfile:  # connection.py [Note: the reader closes the socket]
+            try:
+                while True:
+                    seq, answer, error = decode(rfile)
+                    with self._lock:
+                        call = self._calls.pop(seq, None)
+                        retired = self._out.get(conn.peer) is not conn and not self._uses(conn)
+                    if call is not None:
+                        _run_callback(call[1], answer, error)
+                    if retired:  # replaced after a timeout, and its last call is answered
+                        conn.close("replaced after a timeout")
+                        return
+            except Exception as exc:
+                why = conn.closed or f"{exc}"
+                conn.close(why)
+                self._fail(lambda c: c is conn, f"connection to worker {conn.peer} lost: {why}")
 
     def _uses(self, conn: Connection) -> bool:
         """Whether an unanswered call went on ``conn`` (caller holds the lock)."""
@@ -451,22 +458,6 @@ class Channel:
 # The call whose handler this channel thread is running, as (caller, seq), until its answer is
 # sent or has ridden along ([Note: an answer that rides along]).
 _serving = threading.local()
-
-
-def _read_hello(sock: socket.socket) -> bytes | None:
-    """The token and worker id a new connection must send first (``None``: not in time)."""
-    sock.settimeout(30.0)
-    hello = b""
-    try:
-        while len(hello) < _TOKEN_BYTES + _HELLO.size:
-            chunk = sock.recv(_TOKEN_BYTES + _HELLO.size - len(hello))
-            if not chunk:
-                return None
-            hello += chunk
-    except OSError:
-        return None
-    sock.settimeout(None)
-    return hello
 
 
 def _run_unanswered(fn, args, current: bool) -> None:

@@ -1,5 +1,6 @@
-"""One TCP connection of the gradient channel (channel.py): ordered writes that never block;
-and the address the channel listens on (``listen_address``: where TensorPipe listens).
+"""One TCP connection of the gradient channel (channel.py): ordered writes that never block,
+reads that close the socket when they end; the address the channel listens on
+(``listen_address``: where TensorPipe listens) and the hello a new connection sends first.
 
 [Note: a write never blocks its thread]
 A channel's handlers forward gradients, so a thread that reads from one connection writes to
@@ -11,10 +12,18 @@ a tensor's bytes (frames.py [Note: frames borrow]), nothing of it is read after 
 returns: what is left is a copy.
 
 A closed connection (by either side, or by a failed write) refuses writes with its cause.
+
+[Note: the reader closes the socket]
+Closing a connection from any thread shuts its socket down, which ends a read blocked on it;
+the file descriptor itself is closed by the thread that reads (``reading()``), when it stops.
+Closed under a reader's feet, its number could be handed to a new socket before the reader's
+next ``recv`` and that read would take another connection's bytes (``socket.makefile``, used
+before, kept the descriptor open for its reader the same way).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
@@ -40,6 +49,23 @@ def listen_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def read_hello(sock: socket.socket, size: int) -> bytes | None:
+    """The first ``size`` bytes a new connection must send (the channel's token and the
+    sender's worker id), within 30 s; ``None`` when they do not come."""
+    sock.settimeout(30.0)
+    hello = b""
+    try:
+        while len(hello) < size:
+            chunk = sock.recv(size - len(hello))
+            if not chunk:
+                return None
+            hello += chunk
+    except OSError:
+        return None
+    sock.settimeout(None)
+    return hello
 
 
 class _SocketReader(io.RawIOBase):
@@ -77,6 +103,21 @@ class Connection:
         self._ready = threading.Condition(self._lock)
         self._pending: deque = deque()  # frames' bytes not yet written (copies), in order
         self._writer: threading.Thread | None = None
+        self._reading = False  # a thread reads rfile: it closes the socket ([Note: the reader...])
+
+    @contextlib.contextmanager
+    def reading(self, why: str = "its reader stopped"):
+        """``with conn.reading():`` around a thread's reads of ``rfile``; on leaving, the
+        connection is closed (``why``, unless it was already) and its socket with it."""
+        with self._lock:
+            self._reading = True
+        try:
+            yield self.rfile
+        finally:
+            with self._lock:
+                self._reading = False
+                self._close_locked(why)
+                self.sock.close()  # (closing twice is harmless)
 
     def write(self, frame: tuple[list, list]) -> None:
         """Write ``frame`` now as far as the socket takes it; the rest is copied and left to the
@@ -139,7 +180,8 @@ class Connection:
         self._pending.clear()
         self._ready.notify_all()
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.shutdown(socket.SHUT_RDWR)  # ends a read blocked on it
         except OSError:
             pass
-        self.sock.close()
+        if not self._reading:  # else its reader closes it: [Note: the reader closes the socket]
+            self.sock.close()

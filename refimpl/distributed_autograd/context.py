@@ -81,6 +81,9 @@ class DistAutogradContext:
     accumulating: int = 0
     accumulate_error: str | None = None  # why adding a run's gradients in failed, once it did
     accumulated: threading.Condition = field(init=False)  # on ``lock``: accumulating fell to 0
+    # Held from a run's ``begin_accumulation`` to its ``end_accumulation``: runs add in in the
+    # order they ran (``receive_lock`` orders the runs), so the sums come out the same each time.
+    _adding: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.accumulated = threading.Condition(self.lock)
@@ -96,7 +99,9 @@ class DistAutogradContext:
 
     def begin_accumulation(self) -> None:
         """A run's leaf gradients will be added in later: readers wait until
-        :meth:`end_accumulation`."""
+        :meth:`end_accumulation`. Called where the runs are ordered (the run's thread still
+        holds ``receive_lock``); waits for the run before to finish adding in."""
+        self._adding.acquire()
         with self.lock:
             self.accumulating += 1
 
@@ -107,6 +112,7 @@ class DistAutogradContext:
                 self.accumulate_error = error
             if not self.accumulating:
                 self.accumulated.notify_all()
+        self._adding.release()
 
     # torch's names for the accessors tests and tools read ------------------------------------
     def _context_id(self) -> int:

@@ -43,7 +43,9 @@ its order of execution: a leaf's gradient accumulator is an old node, run after 
 node of this pass that sends. What the order must not change: when ``backward`` returns,
 every worker's gradients are in. A run marks its context (``begin_accumulation``) before any
 of its credit leaves the worker, and the readers of the gradients (``get_gradients``,
-``DistributedOptimizer.step``) wait until every marked run is added in. Adding in can only
+``DistributedOptimizer.step``) wait until every marked run is added in. Runs add in in the
+order they ran (a run's mark waits for the run before to finish adding in), so the sums come
+out the same from pass to pass. Adding in can only
 fail where memory runs out; such a failure is kept by the context, and reading its gradients
 raises it. The root's own runs add in at once: its ``backward`` waits anyway.
 

@@ -39,8 +39,9 @@ def handler(fn: Callable) -> Callable:
 
 def defers_empty_answer(fn: Callable) -> Callable:
     """Declare that ``fn``'s empty answer may wait, and that ``fn`` answers empty whenever it
-    has sent its caller a message, which it does only as its last act; returns ``fn`` (a
-    decorator)."""
+    has sent its caller a message, which it does only as its last act that can fail or send
+    (the engine's gradient handler then only adds gradients in: engine.py [Note: send
+    first]); returns ``fn`` (a decorator)."""
     _DEFERRING.add(fn)
     return fn
 

@@ -99,3 +99,36 @@ def test_a_connection_reads_frames_through_the_sockets_recv_into_and_sees_the_en
     with pytest.raises(ConnectionError, match="closed by peer"):
         decode(conn.rfile)
     conn.close("test over")
+
+
+def test_closing_under_a_reader_leaves_the_socket_to_the_reader():
+    """connection.py [Note: the reader closes the socket]: a close from another thread ends a
+    blocked read but leaves the file descriptor to the reading thread (a number closed under
+    it could be reused by a new socket before its next read); the reader closes it on
+    leaving. Without a reader, close closes the socket at once."""
+    a, b = socket.socketpair()
+    conn = Connection(a, peer=1)
+    seen = []
+
+    def read():
+        with conn.reading() as rfile:
+            seen.append(rfile.read(1))
+            while not seen[-1] == b"":
+                seen.append(rfile.read(1))
+            seen.append(a.fileno())  # closed under the reader: the descriptor is still open
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    b.sendall(b"x")
+    while not seen:
+        threading.Event().wait(0.01)
+    conn.close("closed by another thread")
+    reader.join(10)
+    assert not reader.is_alive(), "the close did not end the blocked read"
+    assert seen[0] == b"x" and seen[-2] == b"" and seen[-1] >= 0
+    assert a.fileno() == -1 and conn.closed == "closed by another thread"
+    c, d = socket.socketpair()
+    Connection(c, peer=2).close("no reader")
+    assert c.fileno() == -1
+    b.close()
+    d.close()

@@ -241,3 +241,24 @@ def _check_release_follows_forward_rpcs(world_size):
 @pytest.mark.slow
 def test_release_goes_where_the_context_sent(rpc_world):
     rpc_world.run(_check_release_follows_forward_rpcs)
+
+
+def test_runs_add_their_gradients_in_in_the_order_they_ran():
+    """engine.py [Note: send first]: a run that adds in later marks the context while the runs
+    are still ordered; the next run's mark waits until the one before has added in, so
+    gradients are summed in run order whatever the threads do after sending."""
+    import threading
+
+    from refimpl.distributed_autograd.context import DistAutogradContext
+
+    ctx = DistAutogradContext(3)
+    ctx.begin_accumulation()  # the first run, still sending
+    second = threading.Thread(target=ctx.begin_accumulation, daemon=True)
+    second.start()
+    second.join(0.2)
+    assert second.is_alive() and ctx.accumulating == 1, "the second run did not wait its turn"
+    ctx.end_accumulation()
+    second.join(5)
+    assert not second.is_alive() and ctx.accumulating == 1
+    ctx.end_accumulation("boom")
+    assert ctx.accumulating == 0 and ctx.accumulate_error == "boom"
