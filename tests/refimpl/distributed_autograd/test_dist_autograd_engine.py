@@ -493,13 +493,13 @@ def test_a_worker_sends_on_before_adding_its_gradients_in_and_readers_wait(monke
     w = torch.tensor([1.0, 2.0], requires_grad=True)
     (r,) = functions.unpack(ctx, 2, [functions.WireTensor(torch.tensor([5.0, 6.0]), 9)])
     send_id = ctx.add_send(functions.send_edge(r * w), 0)
-    events, readers = [], []
+    events, readers, results = [], [], []  # reader threads; what each read
 
     def read():
         try:
-            readers.append(ctx.gradients())
+            results.append(ctx.gradients())
         except RuntimeError as exc:
-            readers.append(exc)
+            results.append(exc)
         events.append("read")
 
     def send(dst, fn, args, on_done, tensors=(), cont=None, tail=None):
@@ -522,7 +522,7 @@ def test_a_worker_sends_on_before_adding_its_gradients_in_and_readers_wait(monke
     assert receive() is None
     readers.pop().join(5)
     assert events == [("send", 2, [[1.0, 2.0]], {}), ("reader waits", True), "read"]
-    assert torch.equal(readers[0][w], torch.tensor([5.0, 6.0]))
+    assert torch.equal(results[0][w], torch.tensor([5.0, 6.0]))
     assert ctx.accumulating == 0 and torch.equal(ctx.gradients()[w], torch.tensor([5.0, 6.0]))
 
     def broken(grads):
@@ -532,6 +532,6 @@ def test_a_worker_sends_on_before_adding_its_gradients_in_and_readers_wait(monke
     receive(broken)
     readers.pop().join(5)
     assert events[1:] == [("reader waits", True), "read"]
-    assert "Error on Node 1: adding a backward pass's gradients" in f"{readers[-1]}"
+    assert "Error on Node 1: adding a backward pass's gradients" in f"{results[-1]}"
     with pytest.raises(RuntimeError, match="Error on Node 1: adding a backward pass's gradients"):
         ctx.gradients()
