@@ -202,7 +202,7 @@ class Channel:
                 if not self._is_current():  # RPC was shut down (and maybe started again) here
                     answer, error = None, "the worker's RPC agent that this channel served is gone"
                 else:
-                    armed = fn in deferring  # handlers.defers(fn)
+                    armed = fn in deferring  # its empty answer may wait (handlers.py)
                     _serving.call = (peer, seq) if armed else None
                     try:
                         answer, error = fn(*args), None
@@ -249,7 +249,7 @@ class Channel:
         if serving is not None:
             ack.append(serving)
         ack = tuple(ack) if ack else None
-        fn = handlers.NAMES.get(fn, fn)  # handlers.name_of(fn)
+        fn = handlers.NAMES.get(fn, fn)  # a registered name, else the function (pickled)
         has_tail = tail is not None
         if on_done is None:
             if self.closed:

@@ -239,9 +239,7 @@ def _run_local(
     See capture.py [Note: capture by pre-hooks].
     """
     with ctx.run_lock:
-        # _start_node of each, inline (one frame fewer per output on a just-woken thread)
-        starts = [o.node if type(o) is GradientEdge else o.grad_fn for o in outputs]
-        leaves, nodes, recvs = _collect_leaves(starts)
+        leaves, nodes, recvs = _collect_leaves(list(map(_start_node, outputs)))
         if not leaves and not recvs:
             return {}
         cap = capture.Capture(ctx.context_id, ctx.graph_epoch)
@@ -408,16 +406,14 @@ def _receive_gradients(
     # Finished here before anything is sent on: once the root has all its credit back, no
     # worker still counts this pass (debug info).
     cont.pass_finished(context_id)
-    if error is not None or not outbound:
-        if later:
-            _accumulate_later(ctx, me, later)
-        return _end_of_branch(me, root, sender, pass_id, share, path, error)
     try:
+        if error is not None or not outbound:
+            return _end_of_branch(me, root, sender, pass_id, share, path, error)
         _send_on(ctx, me, root, pass_id, outbound, retain_graph, share, path, cont)
+        return None
     finally:
-        if later:
+        if later:  # marked above: readers wait for it, whenever the credit arrives
             _accumulate_later(ctx, me, later)
-    return None
 
 
 def _run_messages(ctx: DistAutogradContext, me: int, batch, later: list | None = None):

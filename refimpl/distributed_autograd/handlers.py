@@ -21,19 +21,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-_BY_NAME: dict[str, Callable] = {}
-_NAMES: dict[Callable, str] = {}
-_DEFERRING: set = set()
-# Read by the channel on every message without a call each (a call costs microseconds on a
+# Read by the channel on every message, without a call each (a call costs microseconds on a
 # thread that just woke up): name -> handler, handler -> name, the handlers that defer.
-BY_NAME, NAMES, DEFERRING = _BY_NAME, _NAMES, _DEFERRING
+BY_NAME: dict[str, Callable] = {}
+NAMES: dict[Callable, str] = {}
+DEFERRING: set = set()
 
 
 def handler(fn: Callable) -> Callable:
     """Register ``fn`` as a channel handler sent by name; returns ``fn`` (a decorator)."""
     name = f"{fn.__module__}.{fn.__qualname__}"
-    _BY_NAME[name] = fn
-    _NAMES[fn] = name
+    BY_NAME[name] = fn
+    NAMES[fn] = name
     return fn
 
 
@@ -42,26 +41,16 @@ def defers_empty_answer(fn: Callable) -> Callable:
     has sent its caller a message, which it does only as its last act that can fail or send
     (the engine's gradient handler then only adds gradients in: engine.py [Note: send
     first]); returns ``fn`` (a decorator)."""
-    _DEFERRING.add(fn)
+    DEFERRING.add(fn)
     return fn
-
-
-def name_of(fn: Callable):
-    """What a frame carries for ``fn``: its registered name, else ``fn`` itself (pickled)."""
-    return _NAMES.get(fn, fn)
 
 
 def by_name(name: str) -> Callable:
     """The handler registered as ``name``; else one that raises why (the call's answer)."""
-    fn = _BY_NAME.get(name)
+    fn = BY_NAME.get(name)
     if fn is None:
         return functools.partial(_unknown, name)
     return fn
-
-
-def defers(fn: Callable) -> bool:
-    """Whether ``fn``'s empty answer may wait (:func:`defers_empty_answer`)."""
-    return fn in _DEFERRING
 
 
 def _unknown(name: str, *args):

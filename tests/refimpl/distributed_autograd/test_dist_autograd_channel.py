@@ -415,7 +415,7 @@ def test_a_registered_handler_travels_by_name_and_an_unknown_name_is_an_error(pa
     answer, error = answers.wait()
     assert error is None and torch.equal(answer, torch.full((2,), 4.0))
     assert names[-1] == f"{__name__}._named_scale", "sent by name, not pickled"
-    monkeypatch.delitem(handlers._BY_NAME, f"{__name__}._named_scale")  # gone on the peer
+    monkeypatch.delitem(handlers.BY_NAME, f"{__name__}._named_scale")  # gone on the peer
     unknown = _Answers()
     _call(pair[0], 1, _named_scale, (torch.ones(2), 4.0), unknown)
     assert "no channel handler" in unknown.wait()[1]
