@@ -36,7 +36,7 @@ def main() -> int:
     walls, paths = {}, []
     for engine in args.engines:
         report_dir = os.path.join("reports", "engines", engine)
-        cmd = [sys.executable, "-m", "conformance.cli", "run", "--profile", args.profile, "-n", args.workers,
+        cmd = [sys.executable, "-m", "conformance.frontends.cli", "run", "--profile", args.profile, "-n", args.workers,
                "--adapter", engine, "--report-dir", report_dir]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)

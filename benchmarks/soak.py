@@ -62,7 +62,7 @@ class Load:
 
 def run_suite(profile: str, adapters, workers: str | None, keyword: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="gradparity-soak-") as tmp:
-        cmd = [sys.executable, "-m", "conformance.cli", "run", "--profile", profile, "--report-dir", tmp]
+        cmd = [sys.executable, "-m", "conformance.frontends.cli", "run", "--profile", profile, "--report-dir", tmp]
         for a in adapters:
             cmd += ["--adapter", a]
         if workers:

@@ -24,7 +24,7 @@ def main() -> None:
     rows = []
     for profile in args.profiles:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "conformance.cli", "run", "--profile", profile, "--report-dir", tmp]
+            cmd = [sys.executable, "-m", "conformance.frontends.cli", "run", "--profile", profile, "--report-dir", tmp]
             for a in adapters:
                 cmd += ["--adapter", a]
             if args.workers:

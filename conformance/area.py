@@ -17,7 +17,9 @@ An area's pieces are functions, not "module:attr" strings:
 - `judge(scenario, adapter_spec, records)`  the one judging signature of every area: the
   ranks' records (`{rank: record}`, every rank answered) against the `oracle`; returns a
   `Checked` or raises `ConformanceError` at the first violation;
-- `oracle`  what the judge compares with (named here so a reader finds it from the area).
+- `oracle`  what the judge compares with (named here so a reader finds it from the area); every
+  area's oracle lives in `conformance/oracle/` (`baseline` for ddp and sharded, `oracle/<area>.py`
+  for the others).
 
 The pipeline (`conformance.pipeline.run_case`) calls them in that order for every front end.
 """
@@ -29,6 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from conformance import catalogue
+from conformance.oracle import baseline
+from conformance.oracle import bucketer as bucketer_oracle
+from conformance.oracle import data_parallel as data_parallel_oracle
+from conformance.oracle import dist_autograd as dist_autograd_oracle
 from conformance.runners import bucketer, data_parallel, ddp, dist_autograd
 from conformance.spec import AREA_NAMES as NAMES  # the names are vocabulary; this is the registry
 from conformance.topology import choose_topology
@@ -58,28 +64,21 @@ class Area:
         return choose_topology(scenario.world_size, self.rank_device or scenario.device)
 
 
-def _baseline_oracle(scenario, semantics=None):
-    from conformance import baseline
-    from conformance.semantics import TORCH_DDP
-
-    return baseline.compute(scenario, semantics or TORCH_DDP)
-
-
 AREAS: dict[str, Area] = {
     a.name: a
     for a in (
         Area("ddp", "the DDP contract: construction sync, averaged grads, no_sync, unused parameters, buffers",
-             catalogue.SCENARIOS["ddp"], ddp.run, ddp.judge, _baseline_oracle),
+             catalogue.SCENARIOS["ddp"], ddp.run, ddp.judge, baseline.compute),
         Area("data_parallel", "single-process replicate/scatter/gather vs one full-batch backward",
-             catalogue.SCENARIOS["data_parallel"], data_parallel.run, data_parallel.judge, data_parallel.oracle_forward,
+             catalogue.SCENARIOS["data_parallel"], data_parallel.run, data_parallel.judge, data_parallel_oracle.oracle_forward,
              in_process=True),
         Area("dist_autograd", "gradients in distributed-autograd contexts vs local autograd over the same composition",
-             catalogue.SCENARIOS["dist_autograd"], dist_autograd.run, dist_autograd.judge, dist_autograd.oracle,
+             catalogue.SCENARIOS["dist_autograd"], dist_autograd.run, dist_autograd.judge, dist_autograd_oracle.oracle,
              rank_device="cpu"),
         Area("bucketer", "bucketed reduce-scatter = exact sum of chunks; callbacks exactly once, in order",
-             catalogue.SCENARIOS["bucketer"], bucketer.run, bucketer.judge, bucketer.expected_result),
+             catalogue.SCENARIOS["bucketer"], bucketer.run, bucketer.judge, bucketer_oracle.expected_result),
         Area("sharded", "the DDP contract on gathered (unsharded) grads and params",
-             catalogue.SCENARIOS["sharded"], ddp.run, ddp.judge, _baseline_oracle),
+             catalogue.SCENARIOS["sharded"], ddp.run, ddp.judge, baseline.compute),
     )
 }
 assert tuple(AREAS) == NAMES, "conformance.area: NAMES and AREAS disagree"

@@ -2,7 +2,7 @@
 
 `gradparity run` (the pytest plugin), `gradparity zoo` and the torchrun launcher all run a case
 with `run_case(case, executor)`; they differ only in the executor (a warm rank pool here, the
-torchrun world in `conformance.harness.torchrun`) and in what they print. Planning — which
+torchrun world in `conformance.frontends.torchrun`) and in what they print. Planning — which
 cases, which are skipped or expected to fail — is `conformance.plan`'s job; this module never
 decides *what* to run, only how one case's outcome becomes a verdict.
 
@@ -12,7 +12,7 @@ The steps, for a case `(scenario, adapter)` of area A:
 2. a rank that raised, died or gave no answer fails the case (`failure.run_failed`): a crash,
    hang or missing rank is never a pass;
 3. otherwise A's judge compares the ranks' records with A's oracle;
-4. whatever ended the case is classified (`conformance.failure`): one class, one-line cause;
+4. whatever ended the case is classified (`conformance.judge.failure`): one class, one-line cause;
 5. an expected failure (the plan's xfail) that failed is `xfailed` and keeps the error it
    actually showed; one that passed is `xpassed` (strict: the list must stay true), unless its
    reason is marked `intermittent:` (`conformance.expectations`): then it is `passed`, its
@@ -29,36 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from conformance.area import Area
-from conformance.area import get as get_area
-from conformance.contract import Checked, repro_command
+from conformance.case import Case
 from conformance.expectations import intermittent
-from conformance.failure import Classified, FailureClass, classify_exception, run_failed
 from conformance.harness.pool import TaskOutcome
+from conformance.judge.contract import Checked, repro_command
+from conformance.judge.failure import Classified, FailureClass, classify_exception, run_failed
 from conformance.recording import Recorder
-from conformance.report.record import INTERMITTENT_PASS, case_id, case_record
+from conformance.report.record import INTERMITTENT_PASS, case_record
 from conformance.runners.recording_tap import tapping
 from conformance.spec import Scenario
-
-
-@dataclass(frozen=True)
-class Case:
-    """One scenario against one adapter, as planned: `skip` (a reason) or `xfail` (a reason) or neither."""
-
-    scenario: Scenario
-    adapter_spec: str
-    skip: str = ""
-    xfail: str | None = None
-
-    @property
-    def id(self) -> str:
-        return case_id(self.adapter_spec, self.scenario)
-
-    @property
-    def area(self) -> Area:
-        return get_area(self.scenario.area)
-
-    def __str__(self) -> str:
-        return self.id
 
 
 @dataclass

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from conformance import catalogue
 from conformance.adapters import registry
 from conformance.adapters.protocol import missing_capabilities
+from conformance.case import CASE_SEPARATOR, Case
 from conformance.expectations import builtin_xfails, read_expectations
-from conformance.pipeline import Case
-from conformance.report.record import CASE_SEPARATOR
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def _capability_skip(adapter, scenario) -> str:
     unavailable = getattr(adapter, "unavailable", None)
     reason = unavailable(scenario) if callable(unavailable) else None
     if not reason and scenario.features:  # the production loop's own limits, from the adapter's declarations
-        from conformance.feature_support import unsupported
+        from conformance.adapters.feature_support import unsupported
 
         reason = unsupported(adapter, scenario)
     return f"{adapter.name}: {reason}" if reason else ""

@@ -3,7 +3,7 @@
 `gradparity run … --record DIR` (and `gradparity zoo --record`, and the torchrun launcher's
 `--record`) hands a `Recorder` to the case pipeline (`conformance.pipeline.run_case`), which
 calls `Recorder.add` at the one point where a `CaseResult` is made, so every front end and
-every area records the same way. `gradparity compare` (`conformance.compare_runs`) reads two
+every area records the same way. `gradparity compare` (`conformance.frontends.compare_runs`) reads two
 recordings back and says what moved.
 
 Why values and not only digests: a digest says *that* a tensor moved, not by how much; the
@@ -145,7 +145,7 @@ def _rules(case, result) -> list[dict]:
     from conformance.spec import EXACT
 
     scenario, tol, source = case.scenario, case.scenario.tolerance, "the scenario's tolerance"
-    if scenario.area in ("ddp", "sharded"):  # the judge's own choice (conformance.contract.check_records)
+    if scenario.area in ("ddp", "sharded"):  # the judge's own choice (conformance.judge.contract.check_records)
         try:
             from conformance.adapters import registry
             from conformance.semantics import declared

@@ -4,7 +4,7 @@ torch's `DistributedDataParallel` fixes one answer to each question below; other
 some of them differently *by design* (DeepSpeed gives an unused parameter a zero gradient,
 composable `replicate` synchronizes at the first forward, pytorch-pfn-extras broadcasts buffers
 after backward). An adapter declares its answers in a `Semantics`; the oracle
-(`conformance.baseline`) models exactly what is declared and the contract checks it, so a
+(`conformance.oracle.baseline`) models exactly what is declared and the contract checks it, so a
 declaration never switches a check off — it changes what "right" means, and the report prints
 every deviation from torch DDP next to the verdict with the engine documentation it rests on.
 
@@ -85,7 +85,7 @@ class Precision(str, enum.Enum):
 class MixedAccumulation(str, enum.Enum):
     """Under a sharded mixed-precision policy (compute in ``param_dtype``, reduce in a wider
     ``reduce_dtype``): the dtype a gradient accumulated inside ``no_sync()`` is kept in until the
-    synced backward reduces it (`conformance.baseline` models the declared one exactly)."""
+    synced backward reduces it (`conformance.oracle.baseline` models the declared one exactly)."""
 
     # FSDP2 (FSDPParam.to_accumulated_grad_if_needed / accumulate_unsharded_grad_if_needed) and
     # refimpl ZeRO-3: each micro-batch's gradient cast to reduce_dtype, the running sum kept there
@@ -128,13 +128,13 @@ class Semantics:
     # No torch DDP counterpart (its scenarios have no param_dtype policy): FSDP2's rule is the default.
     mixed_accumulation: MixedAccumulation = MixedAccumulation.REDUCE_DTYPE
     lossy: Tolerance | None = None
-    # Lossy communication the oracle simulates exactly (conformance.powersgd_oracle.PowerSGDConfig):
+    # Lossy communication the oracle simulates exactly (conformance.oracle.declared.powersgd_oracle.PowerSGDConfig):
     # no bound, the algorithm itself, run over the ranks' gradients with the engine's state and seeds.
     communication: object | None = None
-    # The engine's own gradient clipping, replayed exactly (conformance.deepspeed_clip.Clipping):
+    # The engine's own gradient clipping, replayed exactly (conformance.oracle.declared.deepspeed_clip.Clipping):
     # the same global L2 norm as torch's clip_grad_norm_, summed and applied in the engine's order.
     clipping: object | None = None
-    # A dynamic loss scaler the engine applies inside its own backward (conformance.loss_scaler):
+    # A dynamic loss scaler the engine applies inside its own backward (conformance.oracle.declared.loss_scaler):
     # replayed, overflow steps skipped; the gradients recorded are the scaled ones.
     loss_scaler: object | None = None
     sources: tuple[str, ...] = ()
@@ -179,7 +179,7 @@ def reduce_dtype_bound(dtype: str, world_size: int) -> Tolerance:
 
     Each rank's share is cast to `dtype` and divided there (one rounding each), then summed in
     `dtype` (W - 1 roundings): the bound derived per element from the shares
-    (`conformance.envelope`). The old band (one `dtype` ulp per summand) is the straight-through
+    (`conformance.oracle.envelope`). The old band (one `dtype` ulp per summand) is the straight-through
     check's.
     """
     ulps = max(2, world_size)

@@ -75,7 +75,7 @@ class Expect(str, enum.Enum):
 class Tolerance:
     """How the oracle's value and an implementation's are compared, and which rule applies.
 
-    Rules (DESIGN.md, "How the oracle judges"; `conformance.envelope` builds them per element):
+    Rules (DESIGN.md, "How the oracle judges"; `conformance.oracle.envelope` builds them per element):
     - "bitwise": equal to the oracle's value (small-integer or dyadic data, at most 2 ranks:
       the cross-rank sum is order-free);
     - "summation-order": bitwise to the result of one summation order of the ranks' own
@@ -190,15 +190,15 @@ class WrapOptions:
     hsdp_replicas: int | None = None  # HSDP: the replicate dimension of a (replicas, W // replicas) mesh
     # HSDP only: inside no_sync() each micro-batch is reduce-scattered within the shard group and
     # accumulated there; the synced backward all-reduces the sum across replicas (FSDP2
-    # set_requires_all_reduce(False); the oracle's tree: conformance.envelope.staged_reduce)
+    # set_requires_all_reduce(False); the oracle's tree: conformance.oracle.envelope.staged_reduce)
     accumulate_reduce_scattered: bool = False
     # FSDP2's shard_placement_fn: "dim1-if-even" shards a 2-D parameter on dim 1 where the world
-    # size divides that dim, else the default dim 0 (conformance.shards.placement_dim)
+    # size divides that dim, else the default dim 0 (conformance.judge.shards.placement_dim)
     shard_placement: str | None = None
     cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (pin_memory only on CUDA), FSDP1 CPUOffload
     # sharded engines' mixed-precision policy (FSDP2 MixedPrecisionPolicy, FSDP1 MixedPrecision,
     # refimpl ZeRO-3): compute in param_dtype from fp32 masters, reduce in reduce_dtype above
-    # (None: param_dtype), gradients cast back to the masters' dtype (conformance.baseline_mixed)
+    # (None: param_dtype), gradients cast back to the masters' dtype (conformance.oracle.baseline_mixed)
     param_dtype: str | None = None
 
     def describe(self) -> str:

@@ -5,31 +5,27 @@ import textwrap
 
 import pytest
 
+from conformance._deprecated import MOVED
 from tests.import_graph import ROOT, circles, edges, modules
 
 # conformance/, bottom to top. A module belongs to the longest prefix that names it; it may
 # import its own layer and those below. A new module needs a place here (the last test says so).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("conformance.spec", "conformance.topology", "conformance.catalogue.profiles",
-                    "conformance.semantics", "conformance.expectations")),
-    ("models, features, comparison, failures", ("conformance.models", "conformance.features", "conformance.compare",
-                                                "conformance.envelope", "conformance.anchor", "conformance.shards",
-                                                "conformance.clip_bound", "conformance.replica_oracle",
-                                                "conformance.accumulation", "conformance.deepspeed_clip",
-                                                "conformance.loss_scaler", "conformance.allreduce_order",
-                                                "conformance.failure",
-                                                "conformance.baseline_events")),
+                    "conformance.semantics", "conformance.expectations", "conformance._deprecated")),
+    ("models and features", ("conformance.models", "conformance.features")),
     ("catalogue", ("conformance.catalogue",)),
-    ("oracles and engines", ("conformance.baseline", "conformance.baseline_features", "conformance.adapters",
-                             "conformance.mutants", "conformance.feature_support",
-                             "conformance.powersgd_oracle", "conformance.baseline_mixed")),
-    ("judging and rank tasks", ("conformance.contract", "conformance.runners")),
+    ("oracle", ("conformance.oracle",)),
+    ("judge", ("conformance.judge",)),
+    ("adapters and mutants", ("conformance.adapters", "conformance.mutants")),
+    ("rank tasks", ("conformance.runners",)),
     ("area registry", ("conformance.area",)),
-    ("running and reporting", ("conformance.harness", "conformance.report", "conformance.plan",
-                               "conformance.validation", "conformance.pipeline", "conformance.recording",
-                               "conformance.compare_runs")),
-    ("front ends", ("conformance.options", "conformance.zoo", "conformance.cli", "conformance.plugin",
-                    "conformance.harness.torchrun", "conformance.suite")),
+    ("cases and the rank harness", ("conformance.case", "conformance.harness")),
+    ("planning, the pipeline and reporting", ("conformance.plan", "conformance.pipeline", "conformance.validation",
+                                              "conformance.recording", "conformance.report")),
+    ("front ends", ("conformance.frontends", "conformance.suite")),
+    # the old paths of moved modules: each imports only `conformance._deprecated` (#41; removed in 0.3.0)
+    ("deprecated paths", tuple(MOVED)),
 ]
 VOCABULARY = LAYERS[0][1]
 

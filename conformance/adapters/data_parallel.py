@@ -13,7 +13,7 @@ The protocol is one call, `torch.nn.parallel.data_parallel`'s signature::
         def chunk_sizes(self, rows: int, replicas: int) -> list[int]: ...  # optional: its split
 
 `chunk_sizes` declares how the implementation splits `rows` over `replicas` (the oracle replays
-each replica on its own chunk, `conformance.replica_oracle`); without it the oracle accepts
+each replica on its own chunk, `conformance.oracle.replica_oracle`); without it the oracle accepts
 either standard rule (`torch.tensor_split`'s balanced sizes or `torch.chunk`'s).
 
 `inputs` is the tuple of positional arguments; after the call and a backward through the
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from conformance.replica_oracle import balanced_sizes, chunk_sizes
+from conformance.oracle.replica_oracle import balanced_sizes, chunk_sizes
 from conformance.spec import Capability, Scenario
 
 

@@ -57,7 +57,7 @@ features around the same skeleton), so an adapter author knows when each call ha
 
 `Wrapped.allreduce_probe()` (optional) runs after training, on every rank, on the engine's own
 process group: probe all-reduces whose results (recorded) let the oracle replay the backend's
-summation order (`conformance.allreduce_order`). An engine judged by a nonlinear simulation of
+summation order (`conformance.oracle.allreduce_order`). An engine judged by a nonlinear simulation of
 its communication needs it at 3+ ranks (torch-ddp-powersgd); return None where not needed.
 
 `ctx` is a `WrapContext` (below; the harness passes its `RankContext`, which has more): the
@@ -102,7 +102,7 @@ class WrapContext(Protocol):
     """What `Adapter.wrap` may rely on about the rank it runs in (the harness's `RankContext`).
 
     Why a protocol: an adapter is written against these five attributes only, so it runs the
-    same under the spawn pool, under torchrun (`conformance.harness.torchrun`) and in a test's
+    same under the spawn pool, under torchrun (`conformance.frontends.torchrun`) and in a test's
     hand-made context; anything else on the harness's object may change.
     """
 

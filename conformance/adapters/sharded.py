@@ -125,7 +125,7 @@ class RefimplShardedWrapped:
         return self.sdp.clip_grad_norm_(max_norm)
 
     def local_shards(self) -> dict[str, dict]:
-        """This rank's own chunks (conformance/shards.py): refimpl's flat-chunk placement."""
+        """This rank's own chunks (conformance/judge/shards.py): refimpl's flat-chunk placement."""
         return {n: {"placement": "flat-chunk", "param": _cpu(p), "grad": _cpu(g)}
                 for n, (p, g) in self.sdp.local_shards().items()}
 
@@ -222,13 +222,13 @@ def refimpl_zero3_kwargs(module: nn.Module, options: WrapOptions, ctx=None) -> d
         kwargs["units"] = unit_modules(module)  # the engine owns shared parameters in the common ancestor
     if options.reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = options.reshard_after_forward
-    if options.shard_placement:  # FSDP2's shard_placement_fn, the scenario's rule (conformance.shards)
-        from conformance.shards import placement_dim
+    if options.shard_placement:  # FSDP2's shard_placement_fn, the scenario's rule (conformance.judge.shards)
+        from conformance.judge.shards import placement_dim
 
         W = kwargs["process_group"].size() if "process_group" in kwargs else None
         kwargs["shard_placement_fn"] = lambda p, rule=options.shard_placement: placement_dim(rule, tuple(p.shape),
                                                                                              W or dist.get_world_size())
-    if options.param_dtype:  # issue #26: the mixed-precision policy (conformance.baseline_mixed)
+    if options.param_dtype:  # issue #26: the mixed-precision policy (conformance.oracle.baseline_mixed)
         from refimpl.sharded.zero3 import MixedPrecisionPolicy
 
         kwargs["mixed_precision"] = MixedPrecisionPolicy(*mp_dtypes(options))

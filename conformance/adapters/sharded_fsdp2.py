@@ -88,7 +88,7 @@ class FSDP2Wrapped:
         for n, p in self.module.named_parameters():
             if not p.requires_grad or not hasattr(p, "to_local"):
                 continue
-            # HSDP's (Replicate, Shard) mesh: the shard group's placement (conformance/shards.py)
+            # HSDP's (Replicate, Shard) mesh: the shard group's placement (conformance/judge/shards.py)
             kinds = [str(pl) for pl in p.placements if str(pl) != "R"]
             placement = {"['S(0)']": "dim0-chunk", "['S(1)']": "dim1-chunk"}.get(str(kinds))
             if placement is None:
@@ -114,13 +114,13 @@ class FSDP2Wrapped:
 
 def fsdp2_extra(options: WrapOptions, ctx) -> dict:
     """``fully_shard`` keywords for the issue-26 options: a ``shard_placement_fn`` built from the
-    scenario's rule (conformance.shards.placement_dim) and a ``CPUOffloadPolicy`` (pinned memory
+    scenario's rule (conformance.judge.shards.placement_dim) and a ``CPUOffloadPolicy`` (pinned memory
     only where there is a GPU to pin it for)."""
     extra = {}
     if options.shard_placement:
         from torch.distributed.tensor import Shard
 
-        from conformance.shards import placement_dim
+        from conformance.judge.shards import placement_dim
 
         rule, W = options.shard_placement, ctx.world_size
         extra["shard_placement_fn"] = lambda p: Shard(placement_dim(rule, tuple(p.shape), W))

@@ -5,7 +5,7 @@ split itself is the implementation's: refimpl splits 5 rows over 4 replicas 2,1,
 2,2,1). The oracle is one plain forward/backward of the same module on the full batch.
 
 Tolerance policy: the oracle replays every replica on the implementation's own split
-(`conformance.replica_oracle`), so each replica's gradient, the gathered output and the inputs'
+(`conformance.oracle.replica_oracle`), so each replica's gradient, the gathered output and the inputs'
 gradients are bitwise what a correct implementation holds; only the sum over replicas may
 round differently. With integer weights and inputs and models made of linear maps,
 convolutions, ReLU and sums, every value is a small integer (or a dyadic multiple from the loss
@@ -44,7 +44,7 @@ MODEL_CLAUSES = {
 
 
 def replica_rule(dtype: str, replicas: int, straight_through: Tolerance) -> Tolerance:
-    """Inexact values, judged replica by replica (`conformance.replica_oracle`): each replica's
+    """Inexact values, judged replica by replica (`conformance.oracle.replica_oracle`): each replica's
     gradient is replayed on the implementation's split, so only the sum over replicas can round
     differently: bitwise at 1-2 replicas (one order), bitwise to a summation order at 3-4. The old
     band stays as the full-batch, straight-through check's."""

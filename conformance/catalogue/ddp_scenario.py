@@ -4,7 +4,7 @@ Shared by the DDP catalogue (`conformance.catalogue.ddp`) and its production-tra
 features (`conformance.catalogue.ddp_features`), which the DDP catalogue lists: kept apart so
 that neither imports the other back.
 
-Tolerance policy (DESIGN.md, "How the oracle judges"; `conformance.envelope`): every step is
+Tolerance policy (DESIGN.md, "How the oracle judges"; `conformance.oracle.envelope`): every step is
 judged from the engine's own state and every rank's share is computed with the kernels the
 rank uses, so what remains is the cross-rank sum. fp32/fp64 at 1-2 ranks: bitwise (those
 scenarios use small-integer data). fp32/fp64 at 3-4 ranks (continuous random data, no exact

@@ -1,6 +1,6 @@
 """The `dist_autograd` scenario catalogue (distributed autograd over RPC, issue 7).
 
-`model` names a composition in `conformance.runners.dist_autograd_fns.COMPOSITIONS`; the
+`model` names a composition in `conformance.models.dist_autograd.COMPOSITIONS`; the
 world size is the number of RPC workers (2 or 3). Data are float64 uniform in [-1, 1].
 
 Tolerance: local autograd accumulates a tensor's gradient contributions (a tensor sent twice,

@@ -67,7 +67,7 @@ def scenarios() -> list[Scenario]:
             s = s.with_(profiles=s.profiles | {"quick"})
         if s.tolerance.kind in ("summation-order", "derived-bound"):
             # Sharded engines place the 1/W differently: each share (refimpl), after the sum, or
-            # FSDP's gradient pre-/post-divide factors: the envelope is the union (conformance.envelope).
+            # FSDP's gradient pre-/post-divide factors: the envelope is the union (conformance.oracle.envelope).
             s = s.with_(tolerance=replace(s.tolerance, divide=("pre", "post", "split")))
         out.append(s.with_(clauses=clauses_of(s)))
     from conformance.catalogue import (
@@ -138,7 +138,7 @@ def fsdp_depth_scenarios() -> list[Scenario]:
     # global norm over shards, another summation order than the oracle's full tensors, and the
     # re-anchored step is judged bitwise: at w2 refimpl (ZeRO-2/3) and FSDP1 land 1-2 ulps off
     # (FSDP2 passed). The rule for a clip coefficient from a reordered norm belongs to the oracle
-    # (conformance/envelope.py); refimpl's global-norm clip is unit-tested meanwhile.
+    # (conformance/oracle/envelope.py); refimpl's global-norm clip is unit-tested meanwhile.
     assert all(s.requires & extra or s.options.units is None for s in out)
     assert all(C.HSDP in s.requires for s in out if s.options.hsdp_replicas)
     return out

@@ -28,7 +28,7 @@ def clauses_of(s: Scenario) -> tuple[str, ...]:
     """The clauses of docs/contracts/sharded.md a scenario exercises."""
     c = {"S1", "S2"}
     if _padded(s):
-        c.update(("S3", "S12"))  # S12: each rank's shard is its slice, padding zero (conformance/shards.py)
+        c.update(("S3", "S12"))  # S12: each rank's shard is its slice, padding zero (conformance/judge/shards.py)
     if s.optimizer != "none":
         c.add("S4")
     if s.micro_batches > 1:

@@ -4,7 +4,7 @@ Every sharded engine clips by the *global* norm, summed over the ranks' shards (
 all-reduce of the shards' squared sums; FSDP1: its own `clip_grad_norm_`; FSDP2: torch's
 `clip_grad_norm_` over DTensor gradients, whose partial norms are all-reduced). That is another
 rounding order than the oracle's norm over the full tensors, so the clipped step is judged
-against the bound derived for any order (`conformance.clip_bound`), not bitwise and not with a
+against the bound derived for any order (`conformance.oracle.clip_bound`), not bitwise and not with a
 band; an engine that clips each shard by its own local norm (pytorch/pytorch#170862's bug) is
 off by a factor near √W in the coefficient and fails. The straight-through check (the oracle
 trained from the seeds) keeps a band: a reordered coefficient compounds over the steps there.
@@ -38,7 +38,7 @@ def scenarios() -> list[Scenario]:
         if tol.kind in ("summation-order", "derived-bound"):
             tol = replace(tol, divide=("pre", "post", "split"))
         s = s.with_(tolerance=replace(tol, straight_through=band, reason=f"{tol.reason}; the clipped step's "
-                                      "parameters: the bound derived for a reordered global norm (conformance.clip_bound)"))
+                                      "parameters: the bound derived for a reordered global norm (conformance.oracle.clip_bound)"))
         return s.with_(clauses=(*clauses_of(s), "S22"))
 
     return [

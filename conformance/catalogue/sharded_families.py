@@ -12,7 +12,7 @@ where state lives or how it travels, never a value, so the oracle is the plain d
 * S17 FSDP2's ``CPUOffloadPolicy``: shards, gradients and the optimizer step on CPU, gathered
   to the compute device per unit. On a CPU-only machine both devices are the CPU, so this
   checks the code path (pin_memory off), not the copies; with ``--device cuda`` it is real.
-* S18 FSDP2's ``shard_placement_fn`` (rule ``dim1-if-even``, `conformance.shards.placement_dim`):
+* S18 FSDP2's ``shard_placement_fn`` (rule ``dim1-if-even``, `conformance.judge.shards.placement_dim`):
   dim 1 where W divides it, dim 0 (uneven: 17 rows, 3 rows) elsewhere; S12 checks each shard
   against the placement asked for, not only against the one the engine reports.
 

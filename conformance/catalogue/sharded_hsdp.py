@@ -8,7 +8,7 @@ all-reduces the accumulated chunk across the replicas only on the last micro-bat
 memory (1/S of a gradient per rank) for one reduce-scatter per micro-batch. Its gradient is the
 same mean, summed along another tree: per micro-batch inside each shard group first, then over
 micro-batches, then over replicas. The oracle models that tree
-(`conformance.envelope.staged_reduce`, [Note: the HSDP accumulation tree]): at w4 on a 2x2 mesh
+(`conformance.oracle.envelope.staged_reduce`, [Note: the HSDP accumulation tree]): at w4 on a 2x2 mesh
 every tree over two shares is one value, so each placement of 1/W gives one candidate and the
 engine must equal one of them bitwise; local accumulation's 15 trees over four rank totals
 would neither contain it nor reject its bugs as sharply. w8 (2x4) takes the tree's derived
@@ -30,7 +30,7 @@ from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, WrapOptions
 
-DIVIDE = ("pre", "post", "split")  # where sharded engines may place 1/W (conformance.envelope)
+DIVIDE = ("pre", "post", "split")  # where sharded engines may place 1/W (conformance.oracle.envelope)
 
 
 def scenarios() -> list[Scenario]:

@@ -3,7 +3,7 @@
 
 **Mixed precision** (``WrapOptions(param_dtype=..., reduce_dtype=...)``: FSDP2's
 ``MixedPrecisionPolicy``, FSDP1's ``MixedPrecision``, refimpl ZeRO-3's policy). The oracle models
-the casts (`conformance.baseline_mixed`): fp32 masters cast to bf16, forward and backward in bf16,
+the casts (`conformance.oracle.baseline_mixed`): fp32 masters cast to bf16, forward and backward in bf16,
 each rank's bf16 gradient cast to the reduce dtype, reduced, cast back to fp32. Continuous data,
 so a missing or extra cast changes bits. The rules:
 
@@ -41,7 +41,7 @@ from conformance.spec import (
     summation_order,
 )
 
-DIVIDE = ("pre", "post", "split")  # where sharded engines may place 1/W (conformance.envelope)
+DIVIDE = ("pre", "post", "split")  # where sharded engines may place 1/W (conformance.oracle.envelope)
 
 
 def mp_tolerance(reduce_dtype: str, w: int) -> Tolerance:

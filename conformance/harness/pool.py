@@ -10,7 +10,7 @@ Failure handling (DESIGN.md, "Harness"):
   the next task starts a fresh group, so one failure never poisons the tests after it;
 - a failure before the implementation ran (the pool would not start, a rank was gone before
   the task reached it, the task could not be imported) is `infrastructure`: the task is
-  retried once on a fresh group, and only then reported (`conformance.failure`).
+  retried once on a fresh group, and only then reported (`conformance.judge.failure`).
 
 [Note: timeouts under load]
 A slow or oversubscribed machine must never turn into a failure, and a hang must not take

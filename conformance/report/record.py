@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+from conformance.case import CASE_SEPARATOR, case_id
 from conformance.spec import Scenario
 
-CASE_SEPARATOR = "|"
 # The message of a pass of a case listed as a known-intermittent failure (`intermittent:` entries).
 INTERMITTENT_PASS = "passed this run; listed as a known intermittent failure, either outcome is accepted"
 
 
-def case_id(adapter_spec: str, scenario: Scenario) -> str:
-    return f"{adapter_spec}{CASE_SEPARATOR}{scenario.id}"
-
-
 def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message: str, duration_s: float, checked=None,
                 failure=None, xfail_reason: str = "") -> dict:
-    """`failure` is a `conformance.failure.Classified` for every non-pass (None for a pass or skip):
+    """`failure` is a `conformance.judge.failure.Classified` for every non-pass (None for a pass or skip):
     the record then carries `failure_class` (wrong value, raised, crashed, hung, infrastructure)
     and a one-line `cause`.
 
@@ -33,7 +29,7 @@ def case_record(adapter_spec: str, scenario: Scenario, *, verdict: str, message:
         "dtype": scenario.dtype,
         "options": scenario.options.describe(),
         "profiles": sorted(scenario.profiles),
-        # The rule the oracle applied: the scenario's, or the adapter's declared one (conformance.envelope.rule_of).
+        # The rule the oracle applied: the scenario's, or the adapter's declared one (conformance.oracle.envelope.rule_of).
         **applied_rule(adapter_spec, scenario),
         "seed": scenario.seed,
         "upstream": scenario.upstream,
@@ -90,7 +86,7 @@ def lost_case_record(nodeid: str, text: str, known: set[str] = frozenset()) -> d
     """The record of a suite case whose pytest report carries none — the process running it died
     (an xdist worker crash) — as an infrastructure `error` with pytest's line as its cause; None
     for a node that is not a suite case, or a case already recorded (a teardown failure)."""
-    from conformance.failure import Classified, FailureClass, first_line
+    from conformance.judge.failure import Classified, FailureClass, first_line
 
     param = nodeid.rpartition("[")[2].rstrip("]") if nodeid.endswith("]") else ""
     spec, sep, scenario_id = param.partition(CASE_SEPARATOR)
@@ -113,7 +109,7 @@ def _scenario(scenario_id: str) -> Scenario | None:
     if scenario_id in by_id:
         return by_id[scenario_id]
     base, _, device = scenario_id.rpartition("/")
-    if base in by_id and device in ("cpu", "cuda"):  # the --device choices (conformance/options.py)
+    if base in by_id and device in ("cpu", "cuda"):  # the --device choices (conformance/frontends/options.py)
         return catalogue.on_device(by_id[base], device)
     return None
 
@@ -121,7 +117,7 @@ def _scenario(scenario_id: str) -> Scenario | None:
 def applied_rule(adapter_spec: str, scenario: Scenario) -> dict:
     """tolerance (its description), tolerance_kind (bitwise | summation-order | derived-bound | band |
     norm) and tolerance_reason of the rule this adapter's case is judged by."""
-    from conformance.envelope import rule_of
+    from conformance.oracle.envelope import rule_of
 
     rule = scenario.tolerance
     try:

@@ -24,8 +24,9 @@ from conformance.catalogue.bucketer import (
     plan,
     with_layout,
 )
-from conformance.compare import ConformanceError, compare_tensor, failure_message
-from conformance.contract import Checked, repro_command
+from conformance.judge.compare import ConformanceError, compare_tensor, failure_message
+from conformance.judge.contract import Checked, repro_command
+from conformance.oracle.bucketer import expected_result
 from conformance.spec import Scenario
 
 _GROUPS: dict[tuple, object] = {}  # (world group, kind, rank) -> this rank's group of that kind
@@ -130,16 +131,6 @@ def _teardown_queued(scenario, bucketer, groups, ctx, round_, index, log, callba
         log.append(("teardown", "returned"))
     except Exception as exc:  # noqa: BLE001 - refusing loudly is one of the two right answers
         log.append(("teardown", f"raised {type(exc).__name__}"))
-
-
-def expected_result(scenario: Scenario, round_: int, rank: int, index: int, call) -> torch.Tensor:
-    """The sum over the members of the call's group of their chunk for `rank` (its group rank)."""
-    members = group_members(call.group, rank, scenario.world_size)
-    total = None
-    for src in members:
-        c = chunk(scenario, round_=round_, rank=src, index=index, dest=members.index(rank), call=call)
-        total = c if total is None else total + c
-    return total
 
 
 def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Checked:

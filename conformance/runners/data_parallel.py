@@ -8,7 +8,7 @@ untouched: eval-mode BatchNorm, no buffers written by replicas). With no optimiz
 accumulate into `.grad`: the second call's gradients must add to the first's.
 
 Two oracles judge each value (issue 25). First, re-anchored and replica by replica
-(`conformance.replica_oracle`): from the implementation's own parameters and buffers, every
+(`conformance.oracle.replica_oracle`): from the implementation's own parameters and buffers, every
 replica of its split replayed, their gradients' sum an envelope of summation orders, the
 optimizer stepped on the implementation's judged gradients: the scenario's rule, bitwise or
 bitwise to a summation order. Then the contract's reference, a plain forward/backward of an
@@ -39,11 +39,9 @@ import time
 
 import torch
 
-from conformance import replica_oracle
-from conformance.compare import ConformanceError, Mismatch, compare_dicts, failure_message
-from conformance.contract import Checked, repro_command
-from conformance.envelope import Envelope
-from conformance.failure import ImplementationRaised
+from conformance.judge.compare import ConformanceError, Mismatch, compare_dicts, failure_message
+from conformance.judge.contract import Checked, repro_command
+from conformance.judge.failure import ImplementationRaised
 from conformance.models.data import make_optimizer
 from conformance.models.data_parallel import (
     DP_MODELS,
@@ -55,6 +53,9 @@ from conformance.models.data_parallel import (
     structure,
     total_loss,
 )
+from conformance.oracle import replica_oracle
+from conformance.oracle.data_parallel import oracle_forward
+from conformance.oracle.envelope import Envelope
 from conformance.runners.recording_tap import tap
 from conformance.spec import EXACT, Scenario
 
@@ -116,20 +117,6 @@ def _clone_inputs(obj, grad: bool):
         return t.requires_grad_() if grad and t.is_floating_point() else t
 
     return map_leaves(obj, clone)
-
-
-def oracle_forward(oracle, inputs: tuple, spec, replicas: int, module_kwargs: dict | None = None):
-    """The module on the full batch, or ("per-chunk") on each equal chunk in turn, gathered."""
-    if spec.oracle != "per-chunk":
-        return oracle(*inputs, **(module_kwargs or {}))
-    chunks = [tuple(t.chunk(replicas, spec.dim)[j] for t in inputs) for j in range(replicas)]
-    outs = [oracle(*chunks[0])]  # replica 0's buffer updates are the ones the original keeps
-    for args in chunks[1:]:  # the others update copies of the buffers, thrown away
-        copies = {n: b.clone() for n, b in oracle.named_buffers()}
-        outs.append(torch.func.functional_call(oracle, copies, args))
-    if all(o.dim() == 0 for o in outs):
-        return torch.stack(outs)
-    return torch.cat(outs, spec.dim)
 
 
 # -- issue 30: keyword arguments and ambient state ----------------------------------------------

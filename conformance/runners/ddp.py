@@ -89,7 +89,7 @@ def run(payload, ctx) -> dict:
                 record["events"].append(
                     {"kind": "backward", "step": step, "micro": micro, "synced": synced, "values": wrapped.full_gradients(),
                      "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
-                     "shards": _local_shards(wrapped) if synced else None}  # sharded area: conformance/shards.py
+                     "shards": _local_shards(wrapped) if synced else None}  # sharded area: conformance/judge/shards.py
                 )
             if optimizer is not None:
                 if skewed and scenario.skew == "step":
@@ -137,7 +137,8 @@ def _zero_grad(scenario: Scenario, step: int, optimizer, wrapped, owns) -> None:
 
 def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]):
     """Compare every rank's record with the oracle (under the adapter's declared semantics)."""
-    from conformance import baseline, contract
+    from conformance.judge import contract
+    from conformance.oracle import baseline
     from conformance.semantics import declared
 
     semantics = declared(registry.load(adapter_spec), scenario)
@@ -147,7 +148,7 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]):
     # Every declared deviation from torch DDP's rules travels with the verdict into the report.
     checked.details.update(declared=semantics.deviations(), declared_sources=list(semantics.sources))
     if scenario.area == "sharded":  # each rank's own shard, as well as the gathered tensors (S12)
-        from conformance.shards import check_local_shards
+        from conformance.judge.shards import check_local_shards
 
         count, details = check_local_shards(scenario, adapter_spec, records, contract.repro_command(scenario, adapter_spec))
         checked.comparisons += count

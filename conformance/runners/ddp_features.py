@@ -199,7 +199,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                         {"kind": "backward", "step": step, "micro": micro, "synced": synced,
                          "values": wrapped.full_gradients(),
                          "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording)
-                         "shards": _local_shards(wrapped) if synced else None}  # sharded area (conformance/shards.py)
+                         "shards": _local_shards(wrapped) if synced else None}  # sharded area (conformance/judge/shards.py)
                     )
                 if optimizer is not None:
                     _step(feats, optimizer, scaler, wrapped, owns)
@@ -321,7 +321,7 @@ def check_determinism(scenario: Scenario, adapter_spec: str, values: dict) -> di
         return None
     differing = {r: d["first_difference"] for r, d in per_rank.items() if not d["identical"]}
     if differing and getattr(registry.load(adapter_spec), "deterministic", False):
-        from conformance.compare import ConformanceError
+        from conformance.judge.compare import ConformanceError
 
         r, where = next(iter(differing.items()))
         raise ConformanceError(

@@ -2,7 +2,7 @@
 
 Rank side (`run`): every rank starts RPC once (`ctx.ensure_rpc()`, workers `worker<rank>`);
 ranks other than 0 return at once and their RPC threads keep serving. Rank 0 opens a context,
-runs the scenario's composition (`dist_autograd_fns.COMPOSITIONS[scenario.model]`) through the
+runs the scenario's composition (`models.dist_autograd.COMPOSITIONS[scenario.model]`) through the
 adapter, runs the backward pass(es) and records, after every pass, the gradients of the
 context on *every* worker (by name: `x@worker0` for worker 0's leaves, `w2@worker2` for a
 parameter owned by worker 2; tensors in a context that are none of these are recorded as
@@ -27,11 +27,15 @@ import traceback
 
 import torch
 
-from conformance.compare import ConformanceError, Mismatch, compare_dicts, failure_message
-from conformance.contract import Checked, repro_command
-from conformance.runners import dist_autograd_fns as fns
+from conformance.adapters import registry
+from conformance.judge.compare import ConformanceError, Mismatch, compare_dicts, failure_message
+from conformance.judge.contract import Checked, repro_command
+from conformance.models import dist_autograd as fns
+from conformance.oracle.dist_autograd import oracle
 from conformance.spec import Scenario
 from refimpl import _torch_compat as compat
+
+fns.use_loader(registry.load)  # [Note: an adapter by its mode] (conformance/models/dist_autograd.py)
 
 # Contexts are released by asynchronous RPC messages, which a loaded machine can delay: the
 # wait ends when every worker is clean, when the leftovers have not changed for CLEANUP_QUIET_S
@@ -40,10 +44,6 @@ CLEANUP_QUIET_S = 10.0
 CLEANUP_WAIT_S = 60.0
 ERROR_NODE = 2  # remote-error: worker2's backward raises
 ERROR_TEXT = "Simulate error on backward pass"
-
-
-def _owner(param_name: str) -> int:
-    return int(param_name[-1])
 
 
 # -- on the workers ------------------------------------------------------------------------------
@@ -187,19 +187,6 @@ def _fired_everywhere(mode: str, world_size: int) -> int | None:
 
 
 # -- the coordinator -----------------------------------------------------------------------------
-def oracle(scenario: Scenario, kind: str) -> dict:
-    """Local autograd over the same composition: {name: grad or None} (None: unused)."""
-    seed = scenario.seed
-    leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
-    fns.reset_params("local")
-    roots = fns.COMPOSITIONS[kind]("local", seed, leaves)
-    params = fns.owned_params("local", seed)
-    named = {f"{n}@worker0": t for n, t in leaves.items()}
-    named.update({f"{n}@worker{_owner(n)}": t for n, t in params.items()})
-    grads = torch.autograd.grad(roots, list(named.values()), allow_unused=True)
-    return {n: (None if g is None else g.detach().clone()) for n, g in zip(named, grads, strict=True)}
-
-
 def _compare_passes(scenario, adapter_spec, kind, rec, expected_once, repro, label="") -> int:
     tol = scenario.tolerance
     count = 0
@@ -293,4 +280,4 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
     return Checked(count, details={"seconds": rec.get("seconds")})
 
 
-__all__ = ["Mismatch", "judge", "fetch_debug_info", "fetch_grads", "oracle", "run"]
+__all__ = ["Mismatch", "judge", "fetch_debug_info", "fetch_grads", "run"]

@@ -10,7 +10,7 @@ scenario's ``state_dict`` feature names a kind:
   rank (``weights_only=True``): the file a single process could read.
 
 The rebuilt model comes from another seed and the old engine is closed first, so nothing
-survives but the checkpoint; the oracle trains straight through (`conformance.baseline_features`),
+survives but the checkpoint; the oracle trains straight through (`conformance.oracle.baseline_features`),
 so a load that drops any state (optimizer momentum, a buffer, one rank's chunk) shows at the
 first step after it. Engines say how they give and take their state with
 ``Wrapped.checkpoint(kind, optimizer)`` / ``Wrapped.load_checkpoint(kind, state, optimizer)``

@@ -2,7 +2,7 @@
 flush() with the exact sum over ranks of its chunk, results that stay valid, and the callback
 order both FairScale and refimpl document."""
 
-from conformance.plugin import run_suite_case
+from conformance.frontends.plugin import run_suite_case
 
 AREA = "bucketer"
 

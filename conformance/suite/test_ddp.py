@@ -1,7 +1,7 @@
 """The DDP contract (DESIGN.md): construction sync, averaged gradients after every synced
 backward, local accumulation under no_sync, bitwise-identical ranks, rank 0's buffers."""
 
-from conformance.plugin import run_suite_case
+from conformance.frontends.plugin import run_suite_case
 
 AREA = "ddp"
 

@@ -2,7 +2,7 @@
 equal local autograd over the same composition; retained passes accumulate; a remote failure
 surfaces as 'Error on Node N' on the caller and leaves no context behind."""
 
-from conformance.plugin import run_suite_case
+from conformance.frontends.plugin import run_suite_case
 
 AREA = "dist_autograd"
 

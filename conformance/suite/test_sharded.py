@@ -2,7 +2,7 @@
 gradients and parameters — construction sync, averaged gradients after every synced backward,
 local accumulation under no_sync, bitwise-identical ranks."""
 
-from conformance.plugin import run_suite_case
+from conformance.frontends.plugin import run_suite_case
 
 AREA = "sharded"
 

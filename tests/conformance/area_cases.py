@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conformance import catalogue
-from conformance.compare import ConformanceError
+from conformance.judge.compare import ConformanceError
 
 
 def scenario(scenario_id: str):

@@ -1,4 +1,4 @@
-"""The discovered all-reduce order against real gloo all-reduces (conformance.allreduce_order).
+"""The discovered all-reduce order against real gloo all-reduces (conformance.oracle.allreduce_order).
 
 Spawned 3- and 4-rank gloo worlds (loopback) probe lengths from 1 to 20,000 elements (fp32, and
 fp16 for two), then all-reduce random data of wide dynamic range: the discovered order must
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conformance.allreduce_order import Orders, OrderUnknown, discover, probe_values, triples
+from conformance.oracle.allreduce_order import Orders, OrderUnknown, discover, probe_values, triples
 
 LENGTHS = (1, 2, 3, 5, 7, 16, 129, 1000, 4097, 20000)
 SIZES = [(n, "float32") for n in LENGTHS] + [(7, "float16"), (1000, "float16")]
@@ -30,7 +30,7 @@ def _data(n: int, dtype: str, world_size: int) -> list[torch.Tensor]:
 def _world(rank, world_size, port, queue):
     import torch.distributed as dist
 
-    from conformance.allreduce_order import probe
+    from conformance.oracle.allreduce_order import probe
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)

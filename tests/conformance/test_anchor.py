@@ -1,4 +1,4 @@
-"""Re-anchored steps (conformance/anchor.py): each step is judged from the engine's own state,
+"""Re-anchored steps (conformance/oracle/anchor.py): each step is judged from the engine's own state,
 a divergence is reported at its step, and the straight-through check stays as a second one.
 
 No processes: records are made from the oracle itself (what a correct engine reports), then
@@ -10,11 +10,11 @@ import copy
 import pytest
 import torch
 
-from conformance import baseline
-from conformance.anchor import Anchor
-from conformance.compare import ConformanceError
-from conformance.contract import check_records
-from conformance.envelope import reference
+from conformance.judge.compare import ConformanceError
+from conformance.judge.contract import check_records
+from conformance.oracle import baseline
+from conformance.oracle.anchor import Anchor
+from conformance.oracle.envelope import reference
 from conformance.semantics import TORCH_DDP
 from tests.conformance.area_cases import scenario
 

@@ -5,7 +5,8 @@ import inspect
 
 import pytest
 
-from conformance import area, catalogue, mutants, options
+from conformance import area, catalogue, mutants
+from conformance.frontends import options
 from conformance.harness.context import resolve
 from conformance.spec import Scenario
 

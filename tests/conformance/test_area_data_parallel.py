@@ -8,7 +8,7 @@ import torch
 
 from conformance import catalogue
 from conformance.adapters import registry
-from conformance.compare import ConformanceError
+from conformance.judge.compare import ConformanceError
 from conformance.runners import data_parallel as driver
 from tests.conformance.area_cases import assert_caught, mutant_spec
 from tests.conformance.area_cases import scenario as _get
@@ -25,7 +25,7 @@ def test_catalogue_covers_the_issue():
     models = {s.model for s in full}
     assert {"dict-in", "tuple-in", "multi-arg", "cnn-bn-eval", "mlp"} <= models
     assert any(sum(s.shard_sizes) % s.world_size for s in full), "uneven splits"
-    # Judged replica by replica (conformance.replica_oracle): bitwise at 1-2 replicas, bitwise to a
+    # Judged replica by replica (conformance.oracle.replica_oracle): bitwise at 1-2 replicas, bitwise to a
     # summation order at 3-4; the old band survives only as the straight-through (full-batch)
     # check's, and only where values leave the small integers.
     for s in full:

@@ -5,9 +5,9 @@ and a known-bad implementation (one send's gradients lost) caught with a useful 
 import pytest
 
 from conformance import catalogue
-from conformance.compare import ConformanceError
+from conformance.judge.compare import ConformanceError
+from conformance.oracle import dist_autograd as dist_autograd_oracle
 from conformance.pipeline import check
-from conformance.runners import dist_autograd as driver
 from tests.conformance.area_cases import scenario as _get
 
 MUTANT = "conformance.adapters.dist_autograd:mutant_loses_second_send"
@@ -25,13 +25,13 @@ def test_catalogue_covers_the_issue():
 
 
 def test_oracle_is_local_autograd():
-    grads = driver.oracle(_get("dist_autograd/simple/w2/fp64"), "simple")
+    grads = dist_autograd_oracle.oracle(_get("dist_autograd/simple/w2/fp64"), "simple")
     assert set(grads) == {"x@worker0", "w@worker0"}
-    from conformance.runners.dist_autograd_fns import leaves
+    from conformance.models.dist_autograd import leaves
 
     L = leaves(0)
     assert grads["x@worker0"].equal(L["w"].detach()) and grads["w@worker0"].equal(L["x"].detach())
-    unused = driver.oracle(_get("dist_autograd/unused-arg/w2/fp64"), "unused-arg")
+    unused = dist_autograd_oracle.oracle(_get("dist_autograd/unused-arg/w2/fp64"), "unused-arg")
     assert unused["w@worker0"] is None and unused["x@worker0"].eq(3).all()
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conformance import catalogue
-from conformance.compare import ConformanceError
+from conformance.judge.compare import ConformanceError
 from conformance.mutants import dist_autograd as zoo
+from conformance.oracle import dist_autograd as dist_autograd_oracle
 from conformance.pipeline import check
 from conformance.runners import dist_autograd as driver
 from tests.conformance.area_cases import assert_caught, mutant_spec
@@ -65,7 +66,7 @@ def test_broken_implementations_are_caught_where_they_fire(session, name):
 # -- meta: the judge on hand-built records -----------------------------------------------------
 def _records():
     scenario = _get("dist_autograd/simple/w2/fp64")
-    expected = driver.oracle(scenario, "simple")
+    expected = dist_autograd_oracle.oracle(scenario, "simple")
     rec = {"passes": [{n: g.clone() for n, g in expected.items()}], "dot_grad": [], "cleanup": {"clean": True}}
     return scenario, expected, rec
 

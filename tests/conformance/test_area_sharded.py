@@ -8,8 +8,9 @@ import pytest
 
 from conformance import area, catalogue
 from conformance.adapters import registry
-from conformance.compare import ConformanceError
-from conformance.pipeline import Case, check, run_case
+from conformance.case import Case
+from conformance.judge.compare import ConformanceError
+from conformance.pipeline import check, run_case
 from conformance.spec import Capability as C
 from tests.conformance.area_cases import mutant_spec
 from tests.conformance.area_cases import scenario as _get
@@ -92,7 +93,7 @@ def test_every_clause_has_a_mutant_and_a_scenario():
     assert clauses == documented and {f"S{i}" for i in range(1, 19)} <= documented
     assert own | {cls.clause for cls in independent.MUTANTS.values()} >= documented
     assert _get("sharded/plain/mlp/w3/fp32").clauses.count("S3") == 1  # padded shards at w3
-    assert "S12" in _get("sharded/plain/mlp/w3/fp32").clauses  # and their local shards (conformance/shards.py)
+    assert "S12" in _get("sharded/plain/mlp/w3/fp32").clauses  # and their local shards (conformance/judge/shards.py)
     assert "S3" not in _get("sharded/plain/mlp/w2/fp32").clauses
 
 
@@ -138,7 +139,7 @@ def test_the_zoo_base_passes_through_the_same_path(session):
 
 def test_sharded_judge_fails_on_one_ulp_and_passes_the_control():
     """The sharded area is judged by the DDP contract check: the same one-element meta-test."""
-    from conformance.contract import check_records
+    from conformance.judge.contract import check_records
     from tests.conformance import test_compare_meta as meta
 
     assert area.AREAS["sharded"].judge is area.AREAS["ddp"].judge

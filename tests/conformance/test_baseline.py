@@ -2,8 +2,8 @@
 
 import torch
 
-from conformance import baseline
 from conformance.models.data import build_model, loss_fn, make_inputs
+from conformance.oracle import baseline
 from conformance.spec import Scenario, WrapOptions
 
 

@@ -1,4 +1,4 @@
-"""The oracle's model of a mixed-precision policy (conformance/baseline_mixed.py) and the rules of
+"""The oracle's model of a mixed-precision policy (conformance/oracle/baseline_mixed.py) and the rules of
 the families that use it (conformance/catalogue/sharded_precision.py)."""
 
 from dataclasses import replace
@@ -6,9 +6,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from conformance import baseline, baseline_mixed
 from conformance.catalogue import sharded_precision
-from conformance.envelope import Envelope, reference
+from conformance.oracle import baseline, baseline_mixed
+from conformance.oracle.envelope import Envelope, reference
 
 
 def _scenario(sid: str):

@@ -49,7 +49,7 @@ def env(pytester, monkeypatch):
 )
 def test_bad_input_exits_2_with_one_line(env, capsys, args, needle):
     """In-process (the unit tier stays fast); the next test runs the real command once."""
-    from conformance.cli import main
+    from conformance.frontends.cli import main
 
     (env.path / "binary.txt").write_bytes(b"abc\0\xff\n")
     env.syspathinsert()
@@ -71,7 +71,7 @@ def test_the_real_command_refuses_bad_input_with_one_line(env):
 
 
 def test_list_shows_scenarios_and_adapters(capsys):
-    from conformance.cli import main
+    from conformance.frontends.cli import main
 
     assert main(["list", "--profile", "quick"]) == 0
     out = capsys.readouterr().out
@@ -80,7 +80,7 @@ def test_list_shows_scenarios_and_adapters(capsys):
 
 def test_list_shows_upstream_references(capsys):
     """An upstream reference like "[pytorch/pytorch#128949]" is text, not rich markup to drop."""
-    from conformance.cli import main
+    from conformance.frontends.cli import main
 
     assert main(["list", "--profile", "full", "--area", "ddp"]) == 0
     assert "pytorch/pytorch#128949" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""conformance.clip_bound: the derived bound for a step clipped by a reordered global norm.
+"""conformance.oracle.clip_bound: the derived bound for a step clipped by a reordered global norm.
 
 Every way a sharded engine evaluates the norm (shards' squared sums all-reduced in any order,
 norms of norms, float64 accumulation) lands inside the derived norm interval, so its coefficient
@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from conformance.clip_bound import ClipBound
-from conformance.compare import ConformanceError, compare_tensor
+from conformance.judge.compare import ConformanceError, compare_tensor
+from conformance.oracle.clip_bound import ClipBound
 from conformance.spec import EXACT
 
 MAX_NORM = 1.0

@@ -2,7 +2,7 @@
 
 import torch
 
-from conformance.compare import compare_dicts, compare_tensor, failure_message
+from conformance.judge.compare import compare_dicts, compare_tensor, failure_message
 from conformance.spec import EXACT, Tolerance, float_tolerance
 
 
@@ -48,7 +48,7 @@ def test_float_tolerance_scales_with_summands():
 
 
 def test_each_failing_element_says_how_far_outside_the_rule_it_lies():
-    from conformance.compare import compare_tensor
+    from conformance.judge.compare import compare_tensor
     from conformance.spec import EXACT
 
     expected = torch.tensor([1.0, 2.0, 4.0, 8.0])
@@ -63,7 +63,7 @@ def test_each_failing_element_says_how_far_outside_the_rule_it_lies():
 
 
 def test_an_integer_buffer_mismatch_is_a_wrong_value_not_a_crash():
-    from conformance.compare import compare_tensor
+    from conformance.judge.compare import compare_tensor
     from conformance.spec import EXACT
 
     m = compare_tensor("bn.num_batches_tracked", torch.tensor(3), torch.tensor(4), EXACT)

@@ -13,9 +13,9 @@ import copy
 import pytest
 import torch
 
-from conformance.baseline import Baseline, Expected
-from conformance.compare import ConformanceError, compare_tensor
-from conformance.contract import check_records
+from conformance.judge.compare import ConformanceError, compare_tensor
+from conformance.judge.contract import check_records
+from conformance.oracle.baseline import Baseline, Expected
 from conformance.spec import EXACT, Scenario
 
 W = 2
@@ -151,7 +151,7 @@ def test_compare_tensor_none_and_dtype():
 def test_a_rank_that_raised_before_its_record_is_class_raised_not_a_wrong_value():
     """Found by the Lightning Fabric newcomer run: a rank whose engine raised in backward was
     reported as a `wrong value` ("stopped before after backward"); it is a raise, and says so."""
-    from conformance.failure import FailureClass, classify_exception
+    from conformance.judge.failure import FailureClass, classify_exception
 
     _, records = _oracle()
     for r in range(W):
@@ -166,7 +166,7 @@ def test_a_rank_that_raised_before_its_record_is_class_raised_not_a_wrong_value(
 
 
 def test_a_rank_that_stops_short_without_an_error_stays_a_wrong_value():
-    from conformance.failure import FailureClass, classify_exception
+    from conformance.judge.failure import FailureClass, classify_exception
 
     _, records = _oracle()
     records[1]["events"] = records[1]["events"][:1]

@@ -1,4 +1,4 @@
-"""`gradparity compare` (conformance/compare_runs.py): ulps, the oracle's rule between two runs,
+"""`gradparity compare` (conformance/frontends/compare_runs.py): ulps, the oracle's rule between two runs,
 first divergence, exit statuses. Fast: recordings written from fake records, no process group."""
 
 import json
@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from conformance.compare_runs import (
+from conformance.case import Case
+from conformance.frontends.compare_runs import (
     accepts,
     compare,
     exit_status,
@@ -14,7 +15,6 @@ from conformance.compare_runs import (
     tensor_diff,
     ulp_distance,
 )
-from conformance.pipeline import Case
 from conformance.recording import Recorder, RecordingError, open_recording
 from tests.conformance.test_recording import SCENARIO, ddp_record, result_of
 
@@ -148,7 +148,7 @@ def test_nothing_comparable_is_bad_input(tmp_path):
 
 
 def test_the_command_exits_0_1_2_and_writes_json_and_html(tmp_path, capsys):
-    from conformance.cli import main
+    from conformance.frontends.cli import main
 
     a = record_dir(tmp_path / "a", {"torch-ddp": two_ranks()})
     b = record_dir(tmp_path / "b", {"torch-ddp": {0: nudged(ddp_record()), 1: nudged(ddp_record())}})

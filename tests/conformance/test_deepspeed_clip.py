@@ -1,4 +1,4 @@
-"""DeepSpeed's clipping replay (conformance/deepspeed_clip.py) and the ZeRO 1-3 adapters' per-scenario
+"""DeepSpeed's clipping replay (conformance/oracle/declared/deepspeed_clip.py) and the ZeRO 1-3 adapters' per-scenario
 loop, semantics and skips (no processes; the engine runs are `gradparity run --adapter deepspeed-zero*`)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import deepspeed_clip
-from conformance.accumulation import reduced_per_micro_batch
 from conformance.adapters import registry
 from conformance.adapters.protocol import owned
 from conformance.catalogue import ddp
+from conformance.oracle.accumulation import reduced_per_micro_batch
+from conformance.oracle.declared import deepspeed_clip
 from conformance.semantics import Accumulation, MidAccumulation, Precision, Scaling
 
 
@@ -132,11 +132,11 @@ def _clipped_sgd_step(grads, replay, max_norm, world_size):
 def test_beyond_two_ranks_every_order_of_the_partial_norms_is_within_the_derived_bound_and_a_local_norm_is_not(
         replay, monkeypatch):
     """At 4 ranks gloo picks the order of the partial norms: every order (and a pairwise tree) lands within
-    `conformance.clip_bound`'s bound around the oracle's torch-clipped step, an engine that clips each rank
+    `conformance.oracle.clip_bound`'s bound around the oracle's torch-clipped step, an engine that clips each rank
     by its own partition's norm (no all-reduce) does not."""
     import itertools
 
-    from conformance.clip_bound import ClipBound
+    from conformance.oracle.clip_bound import ClipBound
 
     W, max_norm = 4, 1.0
     for seed in range(3):
@@ -167,8 +167,8 @@ def test_beyond_two_ranks_every_order_of_the_partial_norms_is_within_the_derived
 def test_the_bf16_optimizer_variant_runs_bf16_only_accumulates_in_fp32_and_reduces_in_bf16():
     """deepspeed-zero1-fp32acc (PR #7985's configuration): between boundaries each rank's own fp32 running
     sum, at the boundary the average of the sums cast to bf16 (DeepSpeed's communication_data_type)."""
-    from conformance.baseline import compute
-    from conformance.envelope import reference
+    from conformance.oracle.baseline import compute
+    from conformance.oracle.envelope import reference
 
     adapter = _planned("deepspeed-zero1-fp32acc")
     assert "bf16 parameters only" in adapter.unavailable(ddp.make("plain", "mlp"))

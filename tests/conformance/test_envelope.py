@@ -1,11 +1,11 @@
-"""The summation-order envelope (conformance/envelope.py): what it accepts and what it rejects."""
+"""The summation-order envelope (conformance/oracle/envelope.py): what it accepts and what it rejects."""
 
 import itertools
 
 import pytest
 import torch
 
-from conformance.envelope import Envelope, gamma, reduce, rule_of, summation_trees, ulp
+from conformance.oracle.envelope import Envelope, gamma, reduce, rule_of, summation_trees, ulp
 from conformance.semantics import TORCH_DDP, Scaling, Semantics, reduce_dtype_bound
 from conformance.spec import EXACT, derived_bound, float_tolerance, summation_order
 from tests.conformance.area_cases import scenario

@@ -1,8 +1,8 @@
-"""conformance.envelope.staged_reduce: HSDP's reduce-scatter-only accumulation tree (issue #26, S21)."""
+"""conformance.oracle.envelope.staged_reduce: HSDP's reduce-scatter-only accumulation tree (issue #26, S21)."""
 
 import torch
 
-from conformance.envelope import Envelope, reduce, staged_reduce
+from conformance.oracle.envelope import Envelope, reduce, staged_reduce
 from conformance.spec import derived_bound, summation_order
 
 

@@ -1,7 +1,8 @@
 """The failure taxonomy: each rank story maps to one class, and the most telling one wins."""
 
-from conformance.compare import ConformanceError
-from conformance.failure import (
+from conformance.harness.pool import RankFailure, TaskOutcome
+from conformance.judge.compare import ConformanceError
+from conformance.judge.failure import (
     FailureClass,
     classify_exception,
     classify_outcome,
@@ -9,7 +10,6 @@ from conformance.failure import (
     run_failed,
     stuck_at,
 )
-from conformance.harness.pool import RankFailure, TaskOutcome
 
 
 def _outcome(*failures):
@@ -108,7 +108,7 @@ def test_a_pool_that_would_not_start_names_the_ranks_error():
 
 
 def test_exit_status_3_only_when_every_non_pass_is_an_infrastructure_error():
-    from conformance.failure import only_infrastructure_errors
+    from conformance.judge.failure import only_infrastructure_errors
 
     def report(*cases, **summary):
         return {"summary": {"failed": 0, "xpassed": 0, **summary},

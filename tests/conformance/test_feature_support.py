@@ -5,8 +5,8 @@ from __future__ import annotations
 from conformance import catalogue
 from conformance.adapters import registry
 from conformance.adapters.engines import production_features
+from conformance.adapters.feature_support import unsupported
 from conformance.adapters.protocol import OptimizerSpec
-from conformance.feature_support import unsupported
 from conformance.spec import Capability as C
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import baseline, catalogue, contract
-from conformance.compare import ConformanceError
+from conformance import catalogue
 from conformance.features import Features
+from conformance.judge import contract
+from conformance.judge.compare import ConformanceError
+from conformance.oracle import baseline
 from conformance.spec import Expect, Scenario
 
 

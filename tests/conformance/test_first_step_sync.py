@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from conformance import catalogue
-from conformance.baseline import compute
 from conformance.models.data import build_model, loss_fn, make_inputs
+from conformance.oracle.baseline import compute
 from conformance.semantics import ConstructionSync, Semantics
 
 
@@ -29,7 +29,7 @@ def test_step_zero_is_rank_zeros_own_gradient_and_then_everyone_holds_its_state(
 def test_production_oracle_models_the_first_step_rule_and_rejects_the_halved_gradient():
     """The features oracle (clip, scaler, toggles ... under torchft's async quorum): step 0 is rank 0's
     own gradient at its own parameters; torchft 0.2's g_rank0 / W (the finding) is not that."""
-    from conformance import baseline_features
+    from conformance.oracle import baseline_features
 
     s = next(x for x in catalogue.select(profile="standard") if x.id == "ddp/clip-grad-norm/mlp/w2/fp32")
     base = baseline_features.compute(s, Semantics(construction_sync=ConstructionSync.FIRST_STEP))

@@ -53,7 +53,7 @@ def test_rank_that_exits(pool):
 
 def test_a_crash_says_its_cause_in_one_line(pool):
     """The signal and the dead rank's last words (faulthandler's fatal error, the exception line)."""
-    from conformance.failure import FailureClass, classify_outcome
+    from conformance.judge.failure import FailureClass, classify_outcome
 
     outcome = pool.run(PROBE + "abort_on", 1, timeout=30)
     assert outcome.failures[1].kind == "died"
@@ -65,7 +65,7 @@ def test_a_crash_says_its_cause_in_one_line(pool):
 
 
 def test_rank_that_hangs_in_a_collective(pool):
-    from conformance.failure import classify_outcome
+    from conformance.judge.failure import classify_outcome
 
     _recovers(pool)  # a warm world: the bound below is about the task, not a cold start
     outcome = pool.run(PROBE + "hang_on", 1, timeout=4)
@@ -101,7 +101,7 @@ def test_a_busy_task_past_its_budget_is_not_a_hang(pool):
 
 
 def test_a_task_that_cannot_be_imported_is_infrastructure_retried_once(pool):
-    from conformance.failure import FailureClass, classify_outcome
+    from conformance.judge.failure import FailureClass, classify_outcome
 
     outcome = pool.run("conformance.harness.probes:no_such_task", None, timeout=30)
     assert outcome.infrastructure and outcome.attempts == 2
@@ -112,7 +112,7 @@ def test_a_task_that_cannot_be_imported_is_infrastructure_retried_once(pool):
 
 def test_a_pool_that_cannot_start_is_infrastructure_not_a_failure(monkeypatch):
     import conformance.harness.pool as pool_module
-    from conformance.failure import FailureClass, classify_outcome
+    from conformance.judge.failure import FailureClass, classify_outcome
 
     monkeypatch.setattr(pool_module, "STARTUP_TIMEOUT_S", 0.01)
     monkeypatch.setattr(pool_module, "HARD_CAP", 1.0)

@@ -1,11 +1,11 @@
-"""The replayed dynamic loss scaler (conformance/loss_scaler.py) follows DeepSpeed's DynamicLossScaler."""
+"""The replayed dynamic loss scaler (conformance/oracle/declared/loss_scaler.py) follows DeepSpeed's DynamicLossScaler."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from conformance.loss_scaler import DynamicLossScale
+from conformance.oracle.declared.loss_scaler import DynamicLossScale
 
 
 def test_hysteresis_delays_the_halving_and_is_not_refilled_by_a_good_step():
@@ -43,8 +43,8 @@ def test_with_accumulation_the_loss_divided_by_the_count_is_scaled_not_each_grad
     micro-batch gradient is that bit for bit (scaling the whole loss and halving each gradient, the
     model skipped before, is not always: run against deepspeed-zero1 it failed at step 1)."""
     from conformance import catalogue
-    from conformance.baseline import compute
     from conformance.models.data import build_model, forward_loss, make_inputs
+    from conformance.oracle.baseline import compute
     from conformance.semantics import Accumulation, Precision, Semantics
 
     s = next(x for x in catalogue.select(profile="standard") if x.id == "ddp/gas-fp16/mlp/w2/fp16")

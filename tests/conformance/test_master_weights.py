@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance import catalogue
-from conformance.baseline import compute
+from conformance.oracle.baseline import compute
 from conformance.semantics import Precision, Semantics
 
 

@@ -1,16 +1,15 @@
-"""One options definition (conformance/options.py) for argparse, pytest and torchrun."""
+"""One options definition (conformance/frontends/options.py) for argparse, pytest and torchrun."""
 
 import argparse
 
 import pytest
 
-from conformance import options
-from conformance.harness import torchrun
+from conformance.frontends import options, torchrun
 from conformance.validation import UsageError
 
 
 def test_argparse_pytest_and_torchrun_share_every_option():
-    from conformance.cli import _parser
+    from conformance.frontends.cli import _parser
 
     run = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
     cli = {a.dest for a in run._actions}

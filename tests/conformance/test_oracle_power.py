@@ -6,7 +6,7 @@ scaled by 0.99, each at the step where it happens; the same hook without the def
 import pytest
 
 from conformance.adapters.registry import ddp_class_spec
-from conformance.compare import ConformanceError
+from conformance.judge.compare import ConformanceError
 from conformance.pipeline import check
 from tests.conformance.area_cases import scenario
 

@@ -4,12 +4,13 @@ judge found nothing. Driven with a fake area and executor (no process is started
 
 import pytest
 
-from conformance import pipeline
+from conformance import case as case_module
 from conformance.area import Area
-from conformance.compare import ConformanceError
-from conformance.contract import Checked
+from conformance.case import Case
 from conformance.harness.pool import RankFailure, TaskOutcome
-from conformance.pipeline import Case, CaseResult, run_case
+from conformance.judge.compare import ConformanceError
+from conformance.judge.contract import Checked
+from conformance.pipeline import CaseResult, run_case
 from conformance.spec import Scenario
 
 SCENARIO = Scenario(id="ddp/fake/mlp/w2/fp32", area="ddp", model="mlp")
@@ -36,7 +37,7 @@ def judged(monkeypatch):
     """Install a fake `ddp` area whose judge does what the test says."""
     def install(judge):
         area = Area("ddp", "fake", lambda: [], lambda payload, ctx: None, judge, lambda: None)
-        monkeypatch.setattr(pipeline, "get_area", lambda name: area)
+        monkeypatch.setattr(case_module, "get_area", lambda name: area)
         return area
     return install
 
@@ -130,7 +131,7 @@ def test_a_skipped_case_runs_nothing(judged):
 
 
 def test_an_in_process_area_runs_here_and_its_errors_keep_their_class(monkeypatch):
-    from conformance.failure import ImplementationRaised
+    from conformance.judge.failure import ImplementationRaised
 
     def task(payload, ctx):
         assert ctx is None
@@ -138,7 +139,7 @@ def test_an_in_process_area_runs_here_and_its_errors_keep_their_class(monkeypatc
 
     area = Area("data_parallel", "fake", lambda: [], task, lambda s, spec, records: records[0], lambda: None,
                 in_process=True)
-    monkeypatch.setattr(pipeline, "get_area", lambda name: area)
+    monkeypatch.setattr(case_module, "get_area", lambda name: area)
     executor = FakeExecutor(_ok())
     result = run_case(Case(SCENARIO, "torch-ddp"), executor)
     assert not executor.calls and result.failure.failure_class.value == "raised"

@@ -57,7 +57,7 @@ def test_entries_for_cases_outside_the_selection_are_not_stale():
 
 def test_under_torchrun_a_world_ending_expected_failure_is_skipped_with_its_reason():
     """torch-ddp's #40566 aborts a rank: the pool respawns a world, a torchrun world cannot."""
-    from conformance.harness.torchrun import _order
+    from conformance.frontends.torchrun import _order
 
     ends = "ddp/rank-uses-no-param/branches/w2/fp32"
     cases = _by_id(_order(plan_cases(Selection(adapters=("torch-ddp",), ids=(PLAIN, UNUSED, ends)))))

@@ -2,7 +2,7 @@
 
 Each spawned world (loopback only) trains `ddp/plain/mlp/w<W>/fp32` for 5 steps under torch DDP with
 each hook, through the adapter's wrapper (`PowerSGDWrapped`: torch's hook, and after training the
-probe all-reduces that fix gloo's summation order at 3+ ranks). The oracle (`conformance.baseline`
+probe all-reduces that fix gloo's summation order at 3+ ranks). The oracle (`conformance.oracle.baseline`
 with the declared `PowerSGDConfig` and the probe) must match torch's hooks bitwise at every step,
 compressed steps included, and must reject a hook that zeroes the gradients after the warm-up, one
 that sums without dividing, and one that stops communicating.
@@ -19,10 +19,10 @@ import torch.multiprocessing as mp
 
 from conformance import catalogue
 from conformance.adapters.engines.powersgd import PowerSGDWrapped
-from conformance.baseline import compute_anchored
-from conformance.compare import compare_dicts
-from conformance.envelope import reference
-from conformance.powersgd_oracle import PowerSGDConfig, bucket_layout, ready_order
+from conformance.judge.compare import compare_dicts
+from conformance.oracle.baseline import compute_anchored
+from conformance.oracle.declared.powersgd_oracle import PowerSGDConfig, bucket_layout, ready_order
+from conformance.oracle.envelope import reference
 from conformance.semantics import Semantics
 
 WORLDS = (2, 3, 4)
@@ -183,7 +183,7 @@ def test_the_oracle_is_bitwise_torchs_hook(torch_runs, name):
 def test_at_3_ranks_the_probed_order_is_what_makes_it_bitwise(torch_runs):
     """Negative control: the same simulation adding in rank order (every length's probe replaced by
     one that reads rank order) is not torch's hook: without the probe the check would be a guess."""
-    from conformance.allreduce_order import probe_values
+    from conformance.oracle.allreduce_order import probe_values
 
     world_size, runs = torch_runs
     if world_size == 2:
@@ -280,7 +280,7 @@ def test_the_simulated_buckets_are_the_ones_torch_ddp_reduces():
     """Every iteration's bucket layout (before and after the rebuild; static_graph rebuilds one
     iteration later; autocast changes the ready order), against the buckets torch's hook receives.
     At 2 ranks a wrong layout hides (the sum is element-wise and order-free); at 3 it does not."""
-    from conformance.powersgd_oracle import PowerSGDSimulator
+    from conformance.oracle.declared.powersgd_oracle import PowerSGDSimulator
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -306,9 +306,9 @@ def test_the_simulated_buckets_are_the_ones_torch_ddp_reduces():
 
 def test_at_3_ranks_without_a_probe_the_oracle_refuses_to_judge():
     """No rank-order guess: a record without the probe is an infrastructure error, never a verdict."""
-    from conformance.allreduce_order import OrderUnknown, discover
-    from conformance.failure import FailureClass, classify_exception
-    from conformance.powersgd_oracle import PowerSGDSimulator
+    from conformance.judge.failure import FailureClass, classify_exception
+    from conformance.oracle.allreduce_order import OrderUnknown, discover
+    from conformance.oracle.declared.powersgd_oracle import PowerSGDSimulator
 
     s = _scenario(3)
     named = [(n, torch.empty(shape)) for n, shape in (("layers.0.weight", (16, 8)), ("layers.0.bias", (16,)))]

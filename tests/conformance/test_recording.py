@@ -9,11 +9,12 @@ import os
 import pytest
 import torch
 
-from conformance import pipeline
+from conformance import case as case_module
 from conformance.area import Area
-from conformance.contract import Checked
+from conformance.case import Case
 from conformance.harness.pool import TaskOutcome
-from conformance.pipeline import Case, CaseResult, run_case
+from conformance.judge.contract import Checked
+from conformance.pipeline import CaseResult, run_case
 from conformance.recording import (
     CASES,
     INDEX,
@@ -153,13 +154,13 @@ class FakeExecutor:
 
 
 def test_the_pipeline_records_every_case_even_a_failing_one(tmp_path, monkeypatch):
-    from conformance.compare import ConformanceError
+    from conformance.judge.compare import ConformanceError
 
     def judge(s, spec, records):
         raise ConformanceError("[x] adapter a: rank 0: gradients differ")
 
     area = Area("ddp", "fake", lambda: [], lambda payload, ctx: None, judge, lambda: None)
-    monkeypatch.setattr(pipeline, "get_area", lambda name: area)
+    monkeypatch.setattr(case_module, "get_area", lambda name: area)
     rec = Recorder(str(tmp_path))
     rec.start({})
     result = run_case(Case(SCENARIO, "torch-ddp"), FakeExecutor(), rec)
@@ -173,7 +174,7 @@ def test_the_pipeline_records_every_case_even_a_failing_one(tmp_path, monkeypatc
 
 def test_a_recording_that_cannot_be_written_is_an_error_not_a_pass(tmp_path, monkeypatch):
     area = Area("ddp", "fake", lambda: [], lambda payload, ctx: None, lambda s, spec, r: Checked(1), lambda: None)
-    monkeypatch.setattr(pipeline, "get_area", lambda name: area)
+    monkeypatch.setattr(case_module, "get_area", lambda name: area)
     rec = Recorder(str(tmp_path / "gone"))  # never started: its cases/ directory does not exist
     result = run_case(Case(SCENARIO, "torch-ddp"), FakeExecutor(), rec)
     assert result.verdict == "error" and result.failure.failure_class.value == "infrastructure"
@@ -181,7 +182,7 @@ def test_a_recording_that_cannot_be_written_is_an_error_not_a_pass(tmp_path, mon
 
 
 def test_an_unwritable_record_directory_is_bad_input(capsys):
-    from conformance.cli import main
+    from conformance.frontends.cli import main
 
     assert main(["run", "--adapter", "torch-ddp", "--record", "/proc/gradparity/x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

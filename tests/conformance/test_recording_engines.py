@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conformance.adapters.registry import ddp_class_spec
-from conformance.compare_runs import compare, exit_status
-from conformance.pipeline import Case, run_case
+from conformance.case import Case
+from conformance.frontends.compare_runs import compare, exit_status
+from conformance.pipeline import run_case
 from conformance.recording import Recorder, open_recording
 from tests.conformance.area_cases import scenario
 

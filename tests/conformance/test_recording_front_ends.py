@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conformance.compare_runs import compare, exit_status
+from conformance.frontends.compare_runs import compare, exit_status
 from conformance.recording import open_recording
 from tests.conformance.test_torchrun import ONE_PER_AREA, _env, _torchrun
 
@@ -32,7 +32,7 @@ def test_run_and_torchrun_record_every_area_alike(tmp_path):
     assert by_torchrun.index["complete"] and by_torchrun.provenance["backend"] == "gloo"
     counts = _areas(by_torchrun)
     assert set(counts) == {"ddp", "data_parallel", "dist_autograd", "bucketer", "sharded"} and all(counts.values()), counts
-    run = subprocess.run([sys.executable, "-m", "conformance.cli", "run", *selection, "--report-dir",
+    run = subprocess.run([sys.executable, "-m", "conformance.frontends.cli", "run", *selection, "--report-dir",
                           str(tmp_path / "run-report"), "--record", str(tmp_path / "run")],
                          capture_output=True, text=True, timeout=600, env=_env())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -44,9 +44,9 @@ def test_run_and_torchrun_record_every_area_alike(tmp_path):
 
 
 def test_the_zoo_records_through_the_same_pipeline(tmp_path):
+    from conformance.frontends.zoo import run_cases
     from conformance.plan import Selection
     from conformance.recording import Recorder
-    from conformance.zoo import run_cases
 
     rec = Recorder(str(tmp_path))
     rec.start({})

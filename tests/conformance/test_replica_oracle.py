@@ -1,4 +1,4 @@
-"""conformance.replica_oracle: the data_parallel oracle replica by replica.
+"""conformance.oracle.replica_oracle: the data_parallel oracle replica by replica.
 
 The splits are the implementations' own; each replica's gradient replayed on its chunk sums
 (in order) to what refimpl's data_parallel accumulates, bitwise; the envelope of summation
@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from conformance import replica_oracle as ro
-from conformance.compare import ConformanceError, compare_tensor
-from conformance.envelope import Envelope
+from conformance.judge.compare import ConformanceError, compare_tensor
+from conformance.oracle import replica_oracle as ro
+from conformance.oracle.envelope import Envelope
 from conformance.runners import data_parallel as driver
 from conformance.spec import EXACT, summation_order
 from tests.conformance.area_cases import scenario

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conformance import catalogue
-from conformance.failure import Classified, FailureClass
+from conformance.judge.failure import Classified, FailureClass
 from conformance.report import RUN_FILES, start_run, write_reports
 from conformance.report import run_info as provenance
 from conformance.report.junit import write_junit

@@ -7,7 +7,7 @@ import re
 
 from rich.console import Console
 
-from conformance.failure import Classified, FailureClass
+from conformance.judge.failure import Classified, FailureClass
 from conformance.report import html, links, terminal, timeline
 from conformance.report.json_report import build_report
 from conformance.report.record import case_record, lost_case_record
@@ -162,8 +162,8 @@ def test_a_case_whose_worker_died_reaches_the_results_through_the_plugin():
     """xdist reports a crashed worker's case with no gradparity record: the session records it."""
     from types import SimpleNamespace
 
+    from conformance.frontends.plugin import Session
     from conformance.plan import Selection
-    from conformance.plugin import Session
 
     session = Session(config=None, selection=Selection(adapters=("torch-ddp",)))
     nodeid = "conformance/suite/test_ddp.py::test_ddp[torch-ddp|ddp/plain/mlp/w2/fp32]"

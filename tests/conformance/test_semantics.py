@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance import baseline
 from conformance.catalogue import ddp
-from conformance.compare import ConformanceError
-from conformance.contract import check_records
-from conformance.envelope import reference
+from conformance.judge.compare import ConformanceError
+from conformance.judge.contract import check_records
+from conformance.oracle import baseline
+from conformance.oracle.envelope import reference
 from conformance.semantics import (
     TORCH_DDP,
     Accumulation,
@@ -120,7 +120,7 @@ def test_alternating_set_to_none_leaves_never_used_parameters_none():
 
 
 def test_a_lossy_bound_is_a_whole_tensor_relative_l2_bound():
-    from conformance.compare import compare_tensor
+    from conformance.judge.compare import compare_tensor
 
     bound = Tolerance(False, norm_rtol=1.0, reason="projection")
     g = torch.tensor([[3.0, 0.0], [0.0, 4.0]])  # ||g|| = 5
@@ -180,6 +180,6 @@ def test_sharded_areas_do_not_reuse_reduce_dtype_scenarios():
 
     assert any(s.options.reduce_dtype for s in catalogue.select(area="ddp", profile="standard"))
     # The sharded area's reduce_dtype comes only with its own MixedPrecisionPolicy family (a
-    # param_dtype too, modelled by conformance/baseline_mixed.py), never DDP's reduce_dtype scenarios.
+    # param_dtype too, modelled by conformance/oracle/baseline_mixed.py), never DDP's reduce_dtype scenarios.
     sharded = [s for s in catalogue.select(area="sharded", profile="full") if s.options.reduce_dtype]
     assert sharded and all(s.options.param_dtype and "/mp-" in s.id for s in sharded), [s.id for s in sharded]

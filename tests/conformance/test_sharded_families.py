@@ -5,8 +5,9 @@ mutant is caught on its clause's scenario with its bug firing, and its control p
 import pytest
 
 from conformance import catalogue
+from conformance.case import Case
 from conformance.catalogue import sharded_families
-from conformance.pipeline import Case, run_case
+from conformance.pipeline import run_case
 from conformance.spec import Capability as C
 from tests.conformance.area_cases import mutant_spec
 from tests.conformance.area_cases import scenario as _get

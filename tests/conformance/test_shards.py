@@ -1,11 +1,11 @@
-"""conformance/shards.py: the slice each rank must hold under each placement, and the check
+"""conformance/judge/shards.py: the slice each rank must hold under each placement, and the check
 failing on one wrong element of one rank's shard (and on padding that is not zero)."""
 
 import pytest
 import torch
 
-from conformance.compare import ConformanceError
-from conformance.shards import check_local_shards, expected_shard
+from conformance.judge.compare import ConformanceError
+from conformance.judge.shards import check_local_shards, expected_shard
 from conformance.spec import Scenario
 
 
@@ -40,7 +40,7 @@ def test_a_wrong_shard_or_dirty_padding_fails_and_the_right_one_passes():
 
 
 def test_dim1_chunk_and_the_placement_rule():
-    from conformance.shards import placement_dim
+    from conformance.judge.shards import placement_dim
 
     full = torch.arange(12.0).view(3, 4)
     assert expected_shard(full, "dim1-chunk", 1, 2).tolist() == [[2, 3], [6, 7], [10, 11]]

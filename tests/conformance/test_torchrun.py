@@ -1,7 +1,7 @@
 """The same plan and case pipeline under torchrun: rank 0 coordinates and writes the reports.
 
 Kept cheap (one scenario per area; each test one torchrun world of 2 ranks): the quick profile
-under torchrun is what `python -m conformance.harness.torchrun --profile quick` runs by hand.
+under torchrun is what `python -m conformance.frontends.torchrun --profile quick` runs by hand.
 """
 
 import json
@@ -53,7 +53,7 @@ def _env(extra_path: str = "") -> dict:
 
 def _torchrun(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "conformance.harness.torchrun", *args]
+           "--master-port", str(_free_port()), "-m", "conformance.frontends.torchrun", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or _env())
 
 
@@ -113,7 +113,7 @@ def test_two_agents_rendezvous_like_two_nodes(tmp_path):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                "--rdzv-id", "gradparity-test", "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
-               "--local-addr", "127.0.0.1", "-m", "conformance.harness.torchrun", "--adapter", "refimpl-ddp",
+               "--local-addr", "127.0.0.1", "-m", "conformance.frontends.torchrun", "--adapter", "refimpl-ddp",
                "--scenario", "ddp/no-sync/mlp/w2/fp32", "--report-dir", str(tmp_path / f"node{node}")]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
 
@@ -135,7 +135,7 @@ def test_two_agents_rendezvous_like_two_nodes(tmp_path):
                                           (["--adapter", "nope"], "unknown adapter 'nope'")])
 def test_the_launcher_refuses_bad_input_with_one_line(args, needle):
     """Before any rendezvous: one line, exit 2 (not argparse's usage block)."""
-    proc = subprocess.run([sys.executable, "-m", "conformance.harness.torchrun", *args],
+    proc = subprocess.run([sys.executable, "-m", "conformance.frontends.torchrun", *args],
                           capture_output=True, text=True, timeout=300)
     err = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(err) == 1 and needle in err[0], proc.stderr

@@ -1,7 +1,7 @@
 """Meta-test of the suite's power: every mutant of the zoo is caught, the controls pass.
 
 The slow test runs `gradparity zoo` on the quick profile (the cheapest profile that catches
-every mutant) once; the fast tests pin the counting rules of `conformance.zoo.judge` on
+every mutant) once; the fast tests pin the counting rules of `conformance.frontends.zoo.judge` on
 hand-built results, without processes.
 """
 
@@ -12,8 +12,9 @@ import json
 import pytest
 from rich.console import Console
 
-from conformance import mutants, zoo
+from conformance import mutants
 from conformance.adapters import registry
+from conformance.frontends import zoo
 from conformance.mutants.base import BucketedDDP
 
 # The scenarios that must be among each mutant's catchers on the quick profile: the one a

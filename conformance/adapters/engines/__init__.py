@@ -30,7 +30,7 @@ def production_features(scenario, unsupported: dict[str, str] | None = None) -> 
     """Why an engine skips a production-training scenario (join, AMP, compile ...), or None.
 
     The production loop drives every engine, protocol v2 included; what the suite itself cannot
-    do for an adapter is decided from its declarations (`conformance.feature_support`). This is
+    do for an adapter is decided from its declarations (`conformance.adapters.feature_support`). This is
     the engine's own table: `unsupported` maps a feature (`conformance.features.Features` field
     name) to the reason the engine's documentation gives for not offering it (or for doing it
     its own way, which then has its own scenario family).

@@ -12,7 +12,7 @@ write it; the adapter then owns backward too, `owns_for`) where only it gives th
 semantics:
 - `bf16` / `fp16` parameters: the config's `bf16` / `fp16` section (fp32 master partitions; fp16
   adds the dynamic loss scaler, which scales the loss inside `engine.backward` only, replayed by
-  the oracle: `conformance.loss_scaler`, `FP16_SCALER`);
+  the oracle: `conformance.oracle.declared.loss_scaler`, `FP16_SCALER`);
 - several micro-batches on ZeRO-2/3 (they have no `no_sync`): `gradient_accumulation_steps`,
   declared as a mean (`engine.backward` divides the loss by it), with the accumulation boundary
   the engine's micro-step counter. ZeRO-2/3 reduce every micro-batch into their gradient
@@ -21,7 +21,7 @@ semantics:
 
 Configuration that would otherwise change what is computed, made explicit:
 - `gradient_clipping` is the scenario's (0.0 without one: DeepSpeed's default 1.0 clips); the
-  oracle clips the way ZeRO does (`conformance.deepspeed_clip`);
+  oracle clips the way ZeRO does (`conformance.oracle.declared.deepspeed_clip`);
 - `zero_allow_untested_optimizer` (torch SGD / Adam); `LOCAL_RANK` from the rank;
 - the shared-memory all-reduce op DeepSpeed JIT-compiles on CPU in every new process (minutes;
   it only serves inference all-reduce) is kept off: nothing is compiled at run time.
@@ -38,10 +38,10 @@ import os
 import torch
 from torch import Tensor, nn
 
-from conformance import deepspeed_clip, loss_scaler
 from conformance.adapters.engines import probe, production_features
 from conformance.adapters.protocol import OptimizerSpec
-from conformance.loss_scaler import DynamicLossScale
+from conformance.oracle.declared import deepspeed_clip, loss_scaler
+from conformance.oracle.declared.loss_scaler import DynamicLossScale
 from conformance.semantics import Accumulation, MidAccumulation, Precision, Semantics
 from conformance.spec import Capability as C
 
@@ -293,7 +293,7 @@ def clipped(scenario) -> bool:
 # fp16's dynamic loss scaler, from DeepSpeed's documented config keys. The initial scale is 2**7
 # instead of 2**16 and the hysteresis 1 instead of 2 so that the suite's fp16 losses (hundreds)
 # overflow at the first step and train from the second: a skipped step, then real ones, within a
-# two-step scenario. The oracle replays the same scaler (conformance.loss_scaler).
+# two-step scenario. The oracle replays the same scaler (conformance.oracle.declared.loss_scaler).
 FP16_SCALER = DynamicLossScale(init_scale=2.0**7, hysteresis=1, scale_window=1000, min_scale=1.0)
 
 

@@ -18,7 +18,7 @@ divides the loss by `gradient_accumulation_steps` before backward (engine.backwa
 `scale_wrt_gas=True`). The oracle divides each micro-batch's gradient instead; both are the same
 bits when the count is a power of two, so other counts are skipped with that reason.
 bf16 and fp16 run DeepSpeed's `bf16` / `fp16` config: fp32 masters, declared; fp16's dynamic loss
-scaler, declared and replayed (conformance.loss_scaler). What stage 0 + fp16 shows is a strict
+scaler, declared and replayed (conformance.oracle.declared.loss_scaler). What stage 0 + fp16 shows is a strict
 xfail (the loss is never scaled, the gradients are still divided by the scale).
 """
 
@@ -29,7 +29,6 @@ from dataclasses import replace
 
 from torch import Tensor, nn
 
-from conformance import deepspeed_clip, loss_scaler
 from conformance.adapters.engines import probe, production_features
 from conformance.adapters.engines.deepspeed import (
     FP16_SCALER,
@@ -45,6 +44,7 @@ from conformance.adapters.engines.deepspeed import (
     save_engine_checkpoint,
 )
 from conformance.adapters.protocol import OptimizerSpec
+from conformance.oracle.declared import deepspeed_clip, loss_scaler
 from conformance.semantics import Accumulation, Precision, Scaling, Semantics
 from conformance.spec import Capability as C
 

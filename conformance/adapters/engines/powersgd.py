@@ -6,12 +6,12 @@ warm-started Q. The adapter runs torch's defaults (rank 1, error feedback, warm 
 with the smallest warm-up torch allows (2), so most scenarios run compressed steps.
 
 Declared: lossy communication, simulated exactly. The oracle runs torch's algorithm over the
-ranks' own gradients (`conformance.powersgd_oracle`: DDP's rebuilt bucket layout, per-rank error
+ranks' own gradients (`conformance.oracle.declared.powersgd_oracle`: DDP's rebuilt bucket layout, per-rank error
 buffers, the same Q seed and orthogonalization), so the engine must match it bitwise. At 3+ ranks
 the backend's order of adding the ranks' P, Q and uncompressed part matters (the orthogonalization
 carries its last bit everywhere), so after training every rank runs `allreduce_probe()` on the
 engine's own process group: crafted all-reduces of every length the hook reduced
-(`conformance.allreduce_order`) whose results fix, per element, the order gloo adds in; the
+(`conformance.oracle.allreduce_order`) whose results fix, per element, the order gloo adds in; the
 oracle replays that order, bitwise. The hook registered is torch's `powerSGD_hook`, called
 unchanged by a wrapper that only notes each bucket's parameter shapes (which lengths to probe).
 A hook that zeroes, skips the division or stops communicating after the warm-up fails
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from conformance.adapters.ddp_like import DDP_CAPABILITIES, DDPLikeAdapter, DDPLikeWrapped
-from conformance.powersgd_oracle import PowerSGDConfig
+from conformance.oracle.declared.powersgd_oracle import PowerSGDConfig
 from conformance.semantics import Semantics
 from conformance.spec import Capability as C
 
@@ -94,7 +94,7 @@ class PowerSGDWrapped(DDPLikeWrapped):
     def allreduce_probe(self) -> dict | None:
         """Collective, after training: the probes of every length the hook all-reduced (None at <= 2 ranks,
         where a sum has one order). The oracle derives gloo's per-element order from them."""
-        from conformance.allreduce_order import probe
+        from conformance.oracle.allreduce_order import probe
 
         if self.ctx.world_size <= 2:
             return None

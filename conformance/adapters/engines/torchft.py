@@ -46,8 +46,8 @@ from datetime import timedelta
 
 from conformance.adapters.ddp_like import DDPLikeWrapped
 from conformance.adapters.engines import probe
+from conformance.adapters.feature_support import has_buffers
 from conformance.adapters.protocol import OptimizerSpec
-from conformance.feature_support import has_buffers
 from conformance.semantics import Buffers, ConstructionSync, Semantics
 from conformance.spec import Capability as C
 

@@ -23,10 +23,31 @@ SHAPE = (4, 4)
 DTYPE = torch.float64
 
 
-def adapter_for(mode: str):
-    from conformance.adapters import registry
+def owner(param_name: str) -> int:
+    """The worker that owns a parameter: the digit its name ends with (`w1` lives on worker 1)."""
+    return int(param_name[-1])
 
-    return registry.load(mode)
+
+# [Note: an adapter by its mode]
+# A composition names its implementation by `mode`, a string, so that it travels in every nested
+# RPC: "local" runs each call as a plain Python call (the oracle), any other mode is an adapter
+# spec. The models sit below the adapters and do not import their registry; the rank task
+# (`conformance.runners.dist_autograd`) hands its loader over when it is imported
+# (`use_loader`), and a worker is imported that module before its RPC agent starts (the agent
+# is started by that module's `run`), so every call that reaches a worker finds the loader.
+_LOADER: list = []  # [load(spec) -> adapter], set once per process
+
+
+def use_loader(load) -> None:
+    """How `adapter_for` turns a mode into an adapter in this process (the registry's `load`)."""
+    _LOADER[:] = [load]
+
+
+def adapter_for(mode: str):
+    if not _LOADER:
+        raise RuntimeError(f"no adapter loader in this process for mode {mode!r}: import "
+                           "conformance.runners.dist_autograd (it hands over the registry's) first")
+    return _LOADER[0](mode)
 
 
 def call(mode: str, to: str, fn, args: tuple):

@@ -1,0 +1,205 @@
+"""Checks the data-parallel contract: every rank's record against the oracle, in order.
+
+Order matters: the first point where an implementation diverges is reported, because a
+wrong first step can be hidden (or amplified) by later ones. For every event we check
+(1) each rank against the oracle, then (2) every rank bitwise against rank 0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from conformance.judge.compare import (
+    EXACT_ACROSS_RANKS,
+    ConformanceError,
+    compare_dicts,
+    failure_message,
+)
+from conformance.judge.failure import RanksRaised, first_line
+from conformance.oracle.baseline import Baseline
+from conformance.oracle.envelope import Envelope, rule_of
+from conformance.semantics import TORCH_DDP, Buffers, Semantics
+from conformance.spec import Expect, Scenario, Tolerance
+
+# Re-anchored, the expected parameters after a step are the same optimizer's on the engine's own
+# (already judged) gradients and parameters: the same elementwise kernels, so bitwise.
+EXACT_AFTER_STEP = Tolerance(True, reason="re-anchored: the same optimizer on the engine's own judged gradients")
+
+_BUFFER_RULES = {
+    Buffers.BEFORE_FORWARD: "rank 0's buffers are broadcast before each forward",
+    Buffers.NEVER: "declared: buffers are never synchronized, each rank keeps its own",
+    Buffers.CONSTRUCTION_ONLY: "declared: rank 0's buffers at construction, then each rank its own",
+    Buffers.AFTER_BACKWARD: "declared: rank 0's buffers are broadcast after each synced backward",
+}
+
+
+@dataclass
+class Checked:
+    """What a passing run showed (goes into the report)."""
+
+    comparisons: int
+    accepted_error: str | None = None
+    details: dict = field(default_factory=dict)  # timings, backward stats: for the report
+
+
+def repro_command(scenario: Scenario, adapter: str) -> str:
+    adapter_arg = f"--ddp-class {adapter.split('=', 1)[1]}" if adapter.startswith("ddp-class=") else f"--adapter {adapter}"
+    device = f" --device {scenario.device}" if scenario.device != "cpu" else ""
+    return f"gradparity run {adapter_arg} --scenario {scenario.id}{device}"
+
+
+def check_records(
+    scenario: Scenario, adapter: str, baseline: Baseline, records: dict[int, dict], *, semantics: Semantics = TORCH_DDP,
+    straight_through: Baseline | None = None,
+) -> Checked:
+    """Raise ConformanceError at the first violation; return a summary otherwise.
+
+    `baseline` must have been computed under the same declared `semantics`; a declared lossy
+    rule replaces the scenario's tolerance against the oracle (ranks stay bitwise). With a
+    `straight_through` oracle, `baseline` is the re-anchored one (`baseline.compute_anchored`):
+    every step is judged from the engine's own state, so parameters after a step and buffers are
+    bitwise (the same optimizer on the engine's judged gradients), and the straight-through
+    oracle is a second check under the rule's `straight_through` band, reported in
+    `details["oracle"]` and failing only beyond that band.
+    """
+    tol = rule_of(scenario, semantics)
+    anchored = straight_through is not None
+    # Re-anchored, a step's parameters and the buffers come from the same kernels on the same inputs.
+    exact_state = EXACT_AFTER_STEP if anchored else tol
+    buffer_tol = tol if tol.kind == "band" else exact_state
+    repro = repro_command(scenario, adapter)
+    count = 0
+
+    def fail(rank, where, what, mismatches, tolerance=tol):
+        raise ConformanceError(
+            failure_message(
+                scenario_id=scenario.id, adapter=adapter, rank=rank, where=where, what=what,
+                mismatches=mismatches, tol=tolerance, repro=repro,
+            )
+        )
+
+    missing = [r for r in range(scenario.world_size) if r not in records]
+    if missing:
+        raise ConformanceError(f"[{scenario.id}] adapter {adapter}: no result from rank(s) {missing}")
+
+    # 1. Construction: rank 0's parameters and buffers everywhere (or, where a declared rule
+    #    defers the sync, each rank's own).
+    for rank in range(scenario.world_size):
+        init = records[rank]["init"]
+        params, buffers = baseline.init_for(rank)
+        for kind, expected, own in (("parameters", params, baseline.init_params_ranks),
+                                    ("buffers", buffers, baseline.init_buffers_ranks)):
+            bad = compare_dicts(expected, init[kind], EXACT_ACROSS_RANKS)
+            count += 1
+            if bad:
+                why = (f"{kind} differ from this rank's own initial {kind} (declared: {semantics.describe()})" if own
+                       else f"{kind} differ from rank 0's initial {kind} (construction-time broadcast)")
+                fail(rank, "after construction", why, bad, EXACT_ACROSS_RANKS)
+
+    # 2. Events, in training order.
+    errors = {r: rec.get("error") for r, rec in records.items()}
+    count += _judge_events(scenario, adapter, baseline, records, errors, repro, fail,
+                           tol, exact_state, buffer_tol, semantics, across_ranks=True)
+    details = {"oracle": _oracle_summary(baseline, tol, anchored)}
+    # 2b. The straight-through oracle: the second check (rounding compounds there; its own band).
+    if anchored:
+        band = tol.straight_through or (tol if tol.kind in ("band", "norm") else None)
+        if band is None:
+            details["oracle"]["straight_through"] = "implied: every step bitwise from the engine's own state"
+        else:
+            try:
+                _judge_events(scenario, adapter, straight_through, records, errors, repro,
+                              lambda *a: fail(*a[:4], band), band, band, band, semantics, across_ranks=False)
+            except ConformanceError as exc:
+                details["oracle"]["straight_through"] = f"beyond {band.describe()}"
+                raise ConformanceError(f"straight-through check (the oracle trained from the seeds, "
+                                       f"every step re-anchored check passed): {exc}") from None
+            details["oracle"]["straight_through"] = f"within {band.describe()}"
+
+    # 3. Errors: accepted only where the scenario allows them, on every rank, matching.
+    raised = {r: e for r, e in errors.items() if e}
+    if scenario.expect == Expect.ERROR and len(raised) != scenario.world_size:
+        quiet = sorted(set(range(scenario.world_size)) - set(raised))
+        raise ConformanceError(
+            f"[{scenario.id}] adapter {adapter}: rank(s) {quiet} did not raise; every rank must raise an error "
+            f"matching {scenario.error_pattern!r} ({scenario.description or 'see the scenario'})\n  repro: {repro}"
+        )
+    if raised:
+        pattern = scenario.error_pattern
+        if scenario.expect not in (Expect.MATCH_OR_ERROR, Expect.ERROR) or len(raised) != scenario.world_size:
+            first = next(iter(raised.values()))
+            raise ConformanceError(f"[{scenario.id}] unexpected error on rank(s) {sorted(raised)}: {first['message']}")
+        for r, e in raised.items():
+            if not re.search(pattern, e["message"]):
+                raise ConformanceError(f"[{scenario.id}] rank {r} raised an error that does not match {pattern!r}: {e['message']}")
+        first = raised[0]
+        return Checked(count, accepted_error=f"{first['type']} at step {first['step']}: {first['message'].splitlines()[0][:200]}",
+                       details=details)
+    return Checked(count, details=details)
+
+
+def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol, step_tol, buffer_tol, semantics,
+                  *, across_ranks: bool) -> int:
+    """Every expected event in training order, each rank against the oracle (and rank 0)."""
+    count = 0
+    buffer_rule = _BUFFER_RULES[semantics.buffers]
+    lengths = {r: len(rec["events"]) for r, rec in records.items()}
+    for index, expected in enumerate(baseline.events):
+        present = [r for r in range(scenario.world_size) if index < lengths[r]]
+        if len(present) < scenario.world_size:
+            if scenario.expect in (Expect.MATCH_OR_ERROR, Expect.ERROR) and all(errors.values()) and not present:
+                break
+            absent = sorted(set(range(scenario.world_size)) - set(present))
+            raisers = [r for r in absent if errors.get(r)]
+            why = "; ".join(f"rank {r}: {errors[r]['type']}: {errors[r]['message']}" for r in raisers)
+            message = (f"[{scenario.id}] adapter {adapter}: rank(s) {absent} produced no record for {expected.where()}"
+                       + (f" ({why})" if why else "") + f"\n  repro: {repro}")
+            if raisers:  # the implementation raised there: class `raised`, not a wrong value
+                first = errors[raisers[0]]
+                raise RanksRaised(message, f"rank {raisers[0]} raised {first['type']}: {first_line(first['message'])}")
+            raise ConformanceError(message)
+        for rank in present:
+            actual = records[rank]["events"][index]
+            if (actual["kind"], actual["step"]) != (expected.kind, expected.step):
+                raise ConformanceError(f"[{scenario.id}] rank {rank}: record out of order at {expected.where()}")
+            if expected.per_rank[rank] is None:
+                continue  # this rank takes no part here (join: it ran out of data)
+            backward = expected.kind == "backward"
+            what = "gradients differ from the oracle" if backward else "parameters differ from the oracle"
+            this_tol = tol if backward else step_tol
+            bad = compare_dicts(expected.per_rank[rank], actual["values"], this_tol)
+            count += 1
+            if bad:
+                fail(rank, expected.where(), what, bad, this_tol)
+            wanted = expected.buffers[rank] if expected.buffers else None
+            if wanted is not None and scenario.buffer_rule == "rank0-broadcast":
+                bad = compare_dicts(wanted, actual["buffers"], buffer_tol)
+                if bad:
+                    fail(rank, expected.where(), f"buffers differ from the oracle (rule: {buffer_rule})", bad, buffer_tol)
+        taking_part = [r for r in present if expected.per_rank[r] is not None]
+        if across_ranks and expected.synced and taking_part:
+            reference = records[taking_part[0]]["events"][index]["values"]
+            for rank in taking_part[1:]:
+                bad = compare_dicts(reference, records[rank]["events"][index]["values"], EXACT_ACROSS_RANKS)
+                count += 1
+                if bad:
+                    fail(rank, expected.where(), "not bitwise identical to rank 0", bad, EXACT_ACROSS_RANKS)
+    return count
+
+
+def _oracle_summary(baseline: Baseline, tol: Tolerance, anchored: bool) -> dict:
+    """Which rule judged the case, and the widest envelope it used (for the report)."""
+    widest_abs = widest_u = 0.0
+    envelopes = 0
+    for event in baseline.events:
+        for values in event.per_rank:
+            for v in (values or {}).values():
+                if isinstance(v, Envelope):
+                    envelopes += 1
+                    a, u = v.spread()
+                    widest_abs, widest_u = max(widest_abs, a), max(widest_u, u)
+            break  # every rank expects the same envelope objects after a synced backward
+    return {"rule": tol.describe(), "kind": tol.kind, "reason": tol.reason,
+            "steps": "re-anchored on the engine's state" if anchored else "straight through",
+            "envelopes": envelopes, "largest_bound_abs": widest_abs, "largest_bound_u": widest_u}

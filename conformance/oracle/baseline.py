@@ -1,0 +1,298 @@
+"""The single-process oracle for the data-parallel contract (DESIGN.md, "The contract").
+
+For a scenario with world size W it replays, in one process and from the same seeds, what
+every rank computes on its own shard, and derives what a correct implementation must show:
+
+- after construction: rank 0's parameters and buffers on every rank;
+- after a backward inside `no_sync()`: each rank's *local* accumulated gradient;
+- after a synced backward: `(1/W) * sum_r sum_k grad L_{r,k}` on every rank, with
+  `None` for a parameter that no rank used;
+- after each optimizer step: the parameters the same optimizer produces from those
+  gradients, and rank 0's buffers.
+
+Buffers follow DDP's rule (rank 0 broadcasts before each forward): every shard is forwarded
+from rank 0's buffers, and only rank 0's update is kept. An adapter that declares other rules
+(conformance.semantics: buffers never synced or broadcast after backward, construction sync at
+the first forward, unused parameters as zeros, micro-batches averaged or reduced one by one,
+fp32 master weights, a dynamic loss scaler that skips overflow steps) gets an oracle that
+models exactly those rules.
+
+Each rank's gradient is computed with the same kernels and shapes the rank itself uses
+(one `autograd.grad` per shard) and kept apart: the cross-rank sum is an `Envelope`
+(`conformance.oracle.envelope`) of every summation order a backend may use, per element, so for world
+sizes 1 and 2 the result is bitwise what a correct implementation produces and at 3-4 ranks
+it is bitwise one of the orders. Low-precision sums get the bound derived from the ranks'
+contributions. Which rule applies is the scenario's tolerance (or the adapter's declared one).
+
+Two oracles come out of the same loop (see `conformance.oracle.anchor`, "re-anchored steps"):
+`compute_anchored` starts every step from the engine's own recorded state, so each step is
+judged on its own; `compute` trains straight through from the seeds (computed once per
+scenario), for the second, reported check.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from conformance.models.data import build_model, forward_loss, make_inputs, make_optimizer
+from conformance.oracle import baseline_features, baseline_mixed
+from conformance.oracle.accumulation import (
+    add_grad,
+    reduce_scattered_per_micro_batch,
+    reduced_per_micro_batch,
+)
+from conformance.oracle.anchor import Anchor, load_params
+from conformance.oracle.baseline_events import Baseline, Expected, Grads, dense, load_buffers
+from conformance.oracle.envelope import reduce, reference, rule_of
+from conformance.semantics import (
+    TORCH_DDP,
+    Accumulation,
+    Buffers,
+    ConstructionSync,
+    MidAccumulation,
+    MixedAccumulation,
+    Precision,
+    Semantics,
+    Unused,
+)
+from conformance.spec import EXACT, Scenario, Tolerance
+
+_THREADS_LOCK = threading.Lock()  # torch's thread count is process-global
+
+
+@contextmanager
+def _single_thread():
+    """Compute as the ranks do (one intra-op thread), so kernels reduce in the same order."""
+    with _THREADS_LOCK:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+
+def average(local: list[Grads], world_size: int, rule: Tolerance = EXACT) -> dict:
+    """(1/W) * sum over ranks as the engine may compute it under `rule`: a tensor where the
+    result is order-free, else an `Envelope`; None if no rank used the parameter."""
+    return {name: reduce([grads[name] for grads in local], world_size, rule) for name in local[0]}
+
+
+@functools.lru_cache(maxsize=256)
+def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
+    """The oracle for `scenario` under the declared `semantics`, computed once per process."""
+    with _single_thread():
+        if scenario.features:  # join, AMP, compile ...: conformance.oracle.baseline_features
+            return baseline_features.compute(scenario, semantics)
+        return _compute(scenario, semantics)
+
+
+def compute_anchored(scenario: Scenario, semantics: Semantics, records: dict[int, dict]) -> Baseline:
+    """The oracle re-anchored on the engine's own state at every step (`conformance.oracle.anchor`)."""
+    anchor = Anchor(records, scenario.world_size)
+    with _single_thread():
+        if scenario.features:
+            return baseline_features.compute(scenario, semantics, anchor=anchor)
+        return _compute(scenario, semantics, anchor)
+
+
+def oracles(scenario: Scenario, semantics: Semantics, records: dict[int, dict]) -> tuple[Baseline, Baseline]:
+    """(re-anchored, straight-through) oracles for one case. The straight-through one is only
+    computed where its check has a band of its own; elsewhere bitwise re-anchored steps imply it
+    and the re-anchored oracle stands in."""
+    anchored = compute_anchored(scenario, semantics, records)
+    rule = rule_of(scenario, semantics)
+    needed = rule.straight_through is not None or rule.kind in ("band", "norm")
+    return anchored, compute(scenario, semantics) if needed else anchored
+
+
+def _own_state(scenario: Scenario, rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Rank `rank`'s parameters and buffers as it built them (before any synchronization)."""
+    m = build_model(
+        scenario.model, scenario.kwargs(), seed=scenario.seed, rank=rank,
+        dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
+    )
+    return ({n: p.detach().clone() for n, p in m.named_parameters()},
+            {n: b.detach().clone() for n, b in m.named_buffers()})
+
+
+def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -> Baseline:
+    W = scenario.world_size
+    rule = rule_of(scenario, sem)
+    torch.manual_seed(scenario.seed)
+    model = build_model(
+        scenario.model, scenario.kwargs(), seed=scenario.seed, rank=0,
+        dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
+    )
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    optimizer = make_optimizer(scenario.optimizer, params)
+    # Declared fp32 master weights: the optimizer steps fp32 copies, the parameters get them cast back.
+    master = None
+    if sem.precision in (Precision.FP32_MASTER, Precision.FP32_MASTER_FP32_ACCUMULATION) and scenario.dtype in (
+            "bfloat16", "float16"):
+        master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+        optimizer = make_optimizer(scenario.optimizer, master)
+    # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
+    probed = anchor.allreduce_probe if anchor is not None else None  # the backend's order (3+ ranks)
+    comm = sem.communication.simulator(scenario, named, probed) if sem.communication is not None else None
+    # Declared dynamic loss scaling inside the engine's backward (DeepSpeed fp16): replayed step by step.
+    scaler = sem.loss_scaler.start() if sem.loss_scaler is not None else None
+    skipped = False
+    state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
+    buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
+    baseline = Baseline(scenario, state(), buffers(), [])
+
+    # What each rank holds after construction: rank 0's state, unless a declared rule says the
+    # sync happens later (first forward) or never (buffers).
+    lazy = sem.construction_sync == ConstructionSync.FIRST_FORWARD
+    first_step = sem.construction_sync == ConstructionSync.FIRST_STEP
+    own = [_own_state(scenario, r) for r in range(W)] if (lazy or first_step or sem.buffers == Buffers.NEVER) else None
+    if lazy or first_step:
+        baseline.init_params_ranks = [own[r][0] for r in range(W)]
+    rank_buffers = [buffers()] * W
+    if own is not None and (lazy or sem.buffers == Buffers.NEVER):
+        rank_buffers = [own[r][1] for r in range(W)]
+        baseline.init_buffers_ranks = list(rank_buffers)
+        if sem.buffers in (Buffers.CONSTRUCTION_ONLY, Buffers.AFTER_BACKWARD):
+            rank_buffers = [rank_buffers[0]] * W  # the lazy construction sync copies rank 0's
+    mean = sem.accumulation == Accumulation.MEAN
+    # After zero_grad(set_to_none=False) a gradient is a zero tensor, not None: carried into the
+    # next step (an unused parameter then keeps zeros, as torch DDP leaves it unchanged).
+    carried: dict[str, Tensor | None] = {n: None for n, _ in named}
+
+    for step in range(scenario.steps):
+        if anchor is not None and anchor.params_before(step) is not None:  # the engine's own state
+            load_params(model, anchor.params_before(step))
+            rank_buffers = list(anchor.buffers_before(step) or rank_buffers)
+            load_buffers(model, rank_buffers[0])
+        local: list[Grads] = [dict(carried) for _ in range(W)]
+        reduced_each = sem.mid_accumulation == MidAccumulation.REDUCED
+        rs_only = scenario.options.accumulate_reduce_scattered  # HSDP: the tree of conformance.oracle.envelope.staged_reduce
+        low_sum = baseline_mixed.applies(scenario) and sem.mixed_accumulation == MixedAccumulation.PARAM_DTYPE
+        micro_shares: list[list[Grads]] = []  # per micro-batch, every rank's own gradient (REDUCED)
+        for micro in range(scenario.micro_batches):
+            micro_shares.append([{} for _ in range(W)])
+            synced = micro == scenario.micro_batches - 1
+            after_forward = []
+            for rank in range(W):
+                # torch DDP: every rank forwards from rank 0's buffers; otherwise its own.
+                start = rank_buffers[0] if sem.buffers == Buffers.BEFORE_FORWARD else rank_buffers[rank]
+                load_buffers(model, start)
+                if first_step and step == 0:  # step 0 runs on each rank's own parameters
+                    load_params(model, own[rank][0])
+                (x,) = make_inputs(
+                    scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
+                    size=scenario.shard_size(rank), dtype=scenario.dtype, device=scenario.device,
+                )
+                # A mixed-precision policy: forward/backward in param_dtype from cast masters (baseline_mixed).
+                fwd, fwd_params = baseline_mixed.compute_module(model, params, scenario)
+                loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
+                if scaler is not None:
+                    if mean:  # declared with the scaler: engine.backward divides the loss by the count, then scales it
+                        loss = loss / scenario.micro_batches
+                    loss = loss * scaler.scale  # the engine's scale_loss, in the loss's dtype
+                if loss.requires_grad and params:
+                    grads = torch.autograd.grad(loss, fwd_params, allow_unused=True)
+                else:
+                    grads = [None] * len(params)
+                for (name, _), g in zip(named, grads, strict=True):
+                    # Declared: a no_sync() sum kept in param_dtype is cast to reduce_dtype only at the reduction.
+                    g = dense(g) if low_sum else baseline_mixed.to_reduce_dtype(dense(g), scenario)
+                    if mean and g is not None and scaler is None:
+                        g = g / scenario.micro_batches
+                    if g is not None and sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:
+                        g = g.float()  # declared: added into the rank's fp32 accumulator
+                    local[rank][name] = add_grad(local[rank][name], g)
+                    micro_shares[-1][rank][name] = g
+                after_forward.append(buffers())
+            if sem.buffers == Buffers.BEFORE_FORWARD:
+                rank_buffers = [after_forward[0]] * W  # rank 0's update wins at the next forward
+            elif sem.buffers == Buffers.AFTER_BACKWARD and synced:
+                rank_buffers = [after_forward[0]] * W  # rank 0's buffers broadcast after backward
+            else:
+                rank_buffers = after_forward
+            load_buffers(model, rank_buffers[0])
+            if first_step and step == 0:
+                load_params(model, own[0][0])  # rank 0's state everywhere at the first optimizer step
+            skipped = synced and scaler is not None and scaler.overflowed(local)
+            if skipped:  # declared: the step is skipped, its (inf/NaN) gradients discarded and not judged
+                avg = {n: None for n, _ in named}
+                baseline.events.append(Expected("backward", step, micro, True, [None] * W))
+            elif synced:
+                if sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:  # declared: the fp32 sums are cast to
+                    half = getattr(torch, scenario.dtype)  # the parameters' dtype to be reduced (communication_data_type)
+                    local = [{n: None if g is None else g.to(half) for n, g in grads.items()} for grads in local]
+                if first_step and step == 0:
+                    avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
+                else:
+                    avg = _synced_average(scenario, W, rule, comm, local, micro_shares,
+                                          reduced_each=reduced_each, rs_only=rs_only, low_sum=low_sum)
+                if baseline_mixed.applies(scenario):  # the reduced gradient cast back to the masters' dtype
+                    avg = {n: baseline_mixed.to_master_dtype(avg[n], p.dtype) for n, p in named}
+                if sem.unused == Unused.ZEROS:
+                    avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
+                baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
+            else:
+                snapshot = [{n: dense(g) for n, g in grads.items()} for grads in local]
+                if reduced_each or rs_only:  # reduced per micro-batch: no local gradient per rank to read
+                    snapshot = [None] * W
+                baseline.events.append(Expected("backward", step, micro, False, snapshot))
+        if optimizer is not None and scaler is not None and skipped:
+            scaler.update(overflow=True)
+            carried = {n: None for n, _ in named}
+        elif optimizer is not None:
+            # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
+            stepped = anchor.grads(step) if anchor is not None else None
+            for i, (name, p) in enumerate(named):
+                g = reference(avg[name]) if stepped is None else dense(stepped.get(name))
+                target = p if master is None else master[i]
+                target.grad = None if g is None else g.clone().to(target.dtype)
+                if scaler is not None and target.grad is not None:
+                    target.grad.mul_(1.0 / scaler.scale)  # unscale_and_clip_grads, on the fp32 masters
+            optimizer.step()
+            if scaler is not None:
+                scaler.update(overflow=False)
+            if master is not None:  # the half-precision parameters are the masters cast back
+                with torch.no_grad():
+                    for p, m in zip(params, master, strict=True):
+                        p.copy_(m.to(p.dtype))
+            set_to_none = scenario.zero_grad != "alternate" or step % 2 == 0
+            carried = {n: None if (set_to_none or avg[n] is None) else torch.zeros_like(p) for n, p in named}
+            optimizer.zero_grad(set_to_none=True)
+        elif scenario.optimizer == "none":
+            # Issue 30: no optimizer, so no zero_grad: the next synced backward adds to this one
+            # (a parameter no rank uses next keeps this gradient). Scenarios without an optimizer
+            # use one micro-batch per step: what a rank shows inside no_sync() on top of an earlier
+            # synced gradient differs between engines (p.grad or a local buffer), not modelled.
+            carried = {n: avg[n] for n, _ in named}
+        if sem.buffers == Buffers.BEFORE_FORWARD:
+            # Ranks other than 0 are modelled with one micro-batch per step only: under
+            # no_sync, torch DDP skips the broadcast at the next forward.
+            per_rank = after_forward if scenario.micro_batches == 1 else [buffers()] + [None] * (W - 1)
+        else:
+            per_rank = list(rank_buffers)
+        baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=per_rank))
+    return baseline
+
+
+def _synced_average(scenario: Scenario, W: int, rule: Tolerance, comm, local: list[Grads],
+                    micro_shares: list[list[Grads]], *, reduced_each: bool, rs_only: bool, low_sum: bool) -> dict:
+    """A synced backward's reduced gradient, by the declared tree: a simulated lossy communication
+    (PowerSGD); every micro-batch reduced, then added (ZeRO-2/3); HSDP's per-micro-batch
+    reduce-scatter; or the ranks' local sums averaged, cast to ``reduce_dtype`` first where the
+    declared local sum is kept in ``param_dtype`` (``low_sum``)."""
+    if comm is not None:
+        return comm.reduce(local)
+    if reduced_each:
+        return reduced_per_micro_batch(micro_shares, W, rule)
+    if rs_only:
+        return reduce_scattered_per_micro_batch(micro_shares, W, scenario.options.hsdp_replicas, rule)
+    if low_sum:
+        local = [{n: baseline_mixed.to_reduce_dtype(g, scenario) for n, g in grads.items()} for grads in local]
+    return average(local, W, rule)

@@ -1,0 +1,26 @@
+"""The `dist_autograd` area's oracle: plain local autograd over the same composition.
+
+Every composition (`conformance.models.dist_autograd.COMPOSITIONS`) also runs in mode "local":
+each remote call is a plain Python call in this process, so `torch.autograd.grad` over its roots
+gives the gradient every distributed-autograd context must hold, by leaf and by owning worker.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.models import dist_autograd as fns
+from conformance.spec import Scenario
+
+
+def oracle(scenario: Scenario, kind: str) -> dict:
+    """Local autograd over the same composition: {name: grad or None} (None: unused)."""
+    seed = scenario.seed
+    leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
+    fns.reset_params("local")
+    roots = fns.COMPOSITIONS[kind]("local", seed, leaves)
+    params = fns.owned_params("local", seed)
+    named = {f"{n}@worker0": t for n, t in leaves.items()}
+    named.update({f"{n}@worker{fns.owner(n)}": t for n, t in params.items()})
+    grads = torch.autograd.grad(roots, list(named.values()), allow_unused=True)
+    return {n: (None if g is None else g.detach().clone()) for n, g in zip(named, grads, strict=True)}
