@@ -13,6 +13,13 @@ factory (the same code path without the bug), so a mutant loads like any adapter
     gradparity run --adapter conformance.mutants.independent.bucketer:late_binding_callbacks -k bucketer
 
 and `gradparity zoo --area <area>` counts them beside the area's own mutants.
+
+Interaction zoos (issue 38, `interactions_<area>.py`): bugs that need two things at once (two
+features, an option's non-default state, a value regime, the order of a user's calls), written
+from the contracts and user docs without reading the catalogue. They are a set of their own,
+not in `--set all` (they measure the catalogue's reach, they are not yet all caught)::
+
+    gradparity zoo --area ddp --set interactions --profile standard
 """
 
 AREA_MODULES = {
@@ -21,4 +28,9 @@ AREA_MODULES = {
     "sharded": "conformance.mutants.independent.sharded",
     "ddp": "conformance.mutants.independent.ddp",
     "dist_autograd": "conformance.mutants.independent.dist_autograd",
+}
+
+INTERACTION_MODULES = {
+    "ddp": "conformance.mutants.independent.interactions_ddp",
+    "sharded": "conformance.mutants.independent.interactions_sharded",
 }
