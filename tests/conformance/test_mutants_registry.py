@@ -51,3 +51,20 @@ def test_every_area_mutant_loads_by_its_spec_with_its_bug_and_clause(area):
         assert adapter.area == area, (name, adapter.area)
         assert mutant.bug and mutant.clause, name
     assert adapters.load(zoo.base).area == area
+
+
+def test_the_interactions_zoo_loads_outside_all_with_each_pair_named():
+    """Issue 38: at least 15 interaction mutants (ddp and sharded), each naming the two things that
+    meet, loadable by spec, judged against a correct base that is a control; not in `--set all`."""
+    total = 0
+    for area in ("ddp", "sharded"):
+        zoo = area_zoo(area, "interactions")
+        assert set(zoo.controls) >= {m.base for m in zoo.mutants.values()} | {zoo.base}
+        for name, mutant in zoo.mutants.items():
+            assert name.startswith("ix-") and name not in area_zoo(area, "all").mutants
+            assert adapters.load(mutant.spec).area == area
+            assert mutant.clause and mutant.bug.startswith("[") and " x " in mutant.bug.split("]")[0], name
+        total += len(zoo.mutants)
+    assert total >= 15
+    with pytest.raises(ValueError, match="no interactions zoo"):
+        area_zoo("bucketer", "interactions")

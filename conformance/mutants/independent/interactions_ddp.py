@@ -244,7 +244,7 @@ class _BufferWatch(Engine):
             self._fired(any(not torch.equal(a, b) for a, b in zip(before, self._buffers_to_sync, strict=True)))
 
 
-@mutant("broadcast-buffers-off-ignored", "D6", "broadcast_buffers=False",
+@mutant("broadcast-buffers-off-ignored", "D6", "broadcast_buffers=False x buffers that differ across ranks",
         "broadcast_buffers=False is read only at construction: rank 0's buffers still overwrite every "
         "rank's before each forward, so a rank's own running statistics are lost")
 class BroadcastBuffersOffIgnored(_BufferWatch):
@@ -311,7 +311,7 @@ class SparseUnusedKeepsNone(Engine):
 
 
 # -- the order a user writes calls in -----------------------------------------------------------------
-@mutant("params-replaced-at-wrap", "D11", "an optimizer built before wrapping",
+@mutant("params-replaced-at-wrap", "D11", "order: the optimizer built before wrapping x its step",
         "the engine re-registers every parameter as a fresh nn.Parameter at construction: an optimizer "
         "built over module.parameters() before wrapping steps orphans, and the model never moves")
 class ParamsReplacedAtWrap(Engine):
