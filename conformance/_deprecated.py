@@ -43,7 +43,13 @@ MOVED = {
     "conformance.zoo": "conformance.frontends.zoo",
     "conformance.harness.torchrun": "conformance.frontends.torchrun",
     "conformance.feature_support": "conformance.adapters.feature_support",
+    "conformance.models.zoo": "conformance.models.builtin",
+    "conformance.mutants.zoo": "conformance.mutants.ddp",
+    "conformance.mutants.loop_zoo": "conformance.mutants.training_loop",
+    "conformance.mutants.features_zoo": "conformance.mutants.ddp_features",
 }
+# names that were renamed as they moved: old path -> {old name: new name}
+RENAMED = {"conformance.models.zoo": {"ZOO": "BUILTIN_MODELS"}}
 
 
 def message(old: str) -> str:
@@ -56,3 +62,5 @@ def reexport(old: str, namespace: dict) -> None:
     warnings.warn(message(old), DeprecationWarning, stacklevel=3)
     module = importlib.import_module(MOVED[old])
     namespace.update({k: v for k, v in vars(module).items() if not (k.startswith("__") and k.endswith("__"))})
+    for old_name, new_name in RENAMED.get(old, {}).items():
+        namespace[old_name] = getattr(module, new_name)

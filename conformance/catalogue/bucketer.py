@@ -301,15 +301,16 @@ def scenarios() -> list[Scenario]:
              description="flush before any call and twice at the end; three rounds on one bucketer"),
         make("bf16", "mixed", w=2, cap=TINY, dtypes=("bfloat16", "int32"), profiles=FULL),
     ]
-    out += issue30_scenarios()
+    out += idle_fit_and_teardown_scenarios()
     for w in (1, 2, 3, 4):
         for cap in (None, TINY, 0):
             out.append(make("sweep", "mixed", w=w, cap=cap, dtypes=MIXED, count=24, steps=3, profiles=FULL))
     return out
 
 
-def issue30_scenarios() -> list[Scenario]:
-    """Issue 30: the cells of the dimension checklist the scenarios above leave empty (who: a group
+def idle_fit_and_teardown_scenarios() -> list[Scenario]:
+    """An idle bucket, an exact fit, groups by keyword, teardown with inputs queued (issue 30: the
+    cells of the dimension checklist the scenarios above leave empty; who: a group
     given by keyword; how often: an idle bucket at flush; inputs: an input of exactly one shard; end
     of life: teardown() with an input still queued). Quick keeps one at w2 for each."""
     return [

@@ -160,11 +160,11 @@ def scenarios() -> list[Scenario]:
     for model in ("mlp", "dict-in", "tuple-in", "multi-arg"):
         for w in (1, 2, 3, 4):
             out.append(make("sweep", model, w=w, batch=2 * w + 1, steps=3, profiles=FULL))
-    return out + issue30_scenarios()
+    return out + kwargs_and_ambient_state_scenarios()
 
 
-def issue30_scenarios() -> list[Scenario]:
-    """Issue 30: who / when / how often / inputs / ambient state (docs/contracts/data_parallel.md,
+def kwargs_and_ambient_state_scenarios() -> list[Scenario]:
+    """Keyword arguments and the ambient state of the call (issue 30): who / when / how often / inputs / ambient state (docs/contracts/data_parallel.md,
     "Dimension checklist"): keyword arguments, autocast and grad mode in the replicas' threads,
     a mode switch and an evaluation call before training, fp64 per-replica scalars."""
     # Under autocast each replica's matmuls round their partial sums to bfloat16, replayed bitwise

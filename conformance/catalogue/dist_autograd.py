@@ -58,7 +58,7 @@ def scenarios() -> list[Scenario]:
         make("simple", 3, FULL),
         make("round-trip", 3, FULL),
         make("fan-out", 3, FULL, seed=1).with_(id="dist_autograd/fan-out/w3/fp64/seed1"),
-    ] + CLAUSE_SCENARIOS + issue16_scenarios() + issue30_scenarios())
+    ] + CLAUSE_SCENARIOS + torch_suite_finding_scenarios() + repeated_and_combined_use_scenarios())
 
 
 # -- clauses of docs/contracts/dist_autograd.md (issue 15) -----------------------------------------
@@ -92,7 +92,7 @@ def with_clauses(scenarios: list[Scenario]) -> list[Scenario]:
 
 
 # -- issue 16: the failure classes torch's own dist_autograd tests found in refimpl -------------
-def issue16_scenarios() -> list[Scenario]:
+def torch_suite_finding_scenarios() -> list[Scenario]:
     """The failure classes torch's own dist_autograd tests found in refimpl (issue 16)."""
     return [
         make("rref-to-here", 2, description="torch's own RRef.to_here() of a remote result carries "
@@ -116,7 +116,10 @@ def issue16_scenarios() -> list[Scenario]:
 # Each bug shows with two workers, so all are quick; so are `structures`, `unused-arg`,
 # `torchscript`, `accumulate-hooks` and the two-worker `roots-twice` and `tensor-free-single`:
 # quick catches every mutant of both zoos whose bug shows with two workers.
-def issue30_scenarios() -> list[Scenario]:
+def repeated_and_combined_use_scenarios() -> list[Scenario]:
+    """One thing used twice or combined: an RRef fetched twice, a root twice, passes retained,
+    nested structures over RPC, a single async call, a context with no RPC (issue 30: checklist
+    cells the scenarios above leave empty)."""
     return [
         make("local-only", 2, description="a context in which nothing crosses an RPC: gradients in the context, "
              "never in .grad"),

@@ -77,7 +77,7 @@ def scenarios() -> list[Scenario]:
         sharded_precision,  # issue 26 part A: S19-S20
     )
 
-    return (out + fsdp_depth_scenarios() + issue30_scenarios() + sharded_families.scenarios()
+    return (out + fsdp_depth_scenarios() + accumulation_and_usage_scenarios() + sharded_families.scenarios()
             + sharded_precision.scenarios() + sharded_clip.scenarios() + sharded_hsdp.scenarios())
 
 
@@ -151,7 +151,10 @@ def fsdp_depth_scenarios() -> list[Scenario]:
 # each one whose bug shows at 2 ranks. The idle rank hangs FSDP1, FSDP2 and ZeRO-3 (ends-world
 # xfails, as rank-uses-no-param): a warm-pool respawn each, the price of catching an engine that
 # reduces at once inside no_sync().
-def issue30_scenarios() -> list[Scenario]:
+def accumulation_and_usage_scenarios() -> list[Scenario]:
+    """Gradients accumulated without zero_grad, parameters used on some ranks only, and no_sync()
+    split from its backward or thrown away (issue 30: checklist cells the DDP-derived scenarios
+    leave empty)."""
     from conformance.catalogue.ddp_scenario import make
     from conformance.catalogue.profiles import STANDARD
     from conformance.spec import WrapOptions

@@ -9,7 +9,7 @@
 - buffers registered in a different order on each rank (huggingface/transformers#48162 class:
   a positional broadcast silently puts rank 0's values into another buffer).
 
-Each is caught by a known-bad implementation in `conformance/mutants/loop_zoo.py` (or, for the
+Each is caught by a known-bad implementation in `conformance/mutants/training_loop.py` (or, for the
 buffer order, by torch DDP itself: see its xfail list).
 """
 

@@ -24,11 +24,11 @@ def test_catalogue_is_the_ddp_contract_minus_ddp_machinery():
     ddp_ids = {s.id.replace("ddp/", "sharded/", 1) for s in catalogue.select(area="ddp", profile="full")}
     from conformance.catalogue import sharded_families  # issue 26 part B: S15-S18
     from conformance.catalogue.sharded import (
+        accumulation_and_usage_scenarios,  # issue 30's block: checklist cells the DDP-derived scenarios leave empty
         fsdp_depth_scenarios,  # issue 26's block: FSDP-only options
-        issue30_scenarios,  # issue 30's block: checklist cells the DDP-derived scenarios leave empty
     )
 
-    depth = {s.id for s in fsdp_depth_scenarios()} | {s.id for s in issue30_scenarios()}
+    depth = {s.id for s in fsdp_depth_scenarios()} | {s.id for s in accumulation_and_usage_scenarios()}
     depth |= {s.id for s in sharded_families.scenarios()}
     import importlib
 

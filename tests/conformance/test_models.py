@@ -8,7 +8,7 @@ import torch
 
 from conformance import catalogue
 from conformance.models import data, data_parallel
-from conformance.models.zoo import ZOO
+from conformance.models.builtin import BUILTIN_MODELS
 
 
 def _state(model: torch.nn.Module) -> dict:
@@ -41,7 +41,7 @@ def test_a_low_precision_model_moves_only_its_fp32_parameters():
 
 
 def test_unknown_names_say_what_exists():
-    with pytest.raises(ValueError, match="unknown zoo model 'nope'.*known: .*mlp"):
+    with pytest.raises(ValueError, match="unknown built-in model 'nope'.*known: .*mlp"):
         data.build_model("nope", {}, seed=0, rank=0)
     with pytest.raises(ValueError, match="unknown optimizer 'lbfgs'"):
         data.make_optimizer("lbfgs", [torch.nn.Parameter(torch.zeros(1))])
@@ -52,9 +52,9 @@ def test_every_model_a_scenario_names_exists():
     dp_names = {s.model for s in catalogue.all_scenarios() if s.area == "data_parallel"}
     other = {s.model for s in catalogue.all_scenarios() if s.area in ("ddp", "sharded")}
     assert dp_names and dp_names <= set(data_parallel.DP_MODELS), dp_names - set(data_parallel.DP_MODELS)
-    assert other and other <= set(ZOO), other - set(ZOO)
+    assert other and other <= set(BUILTIN_MODELS), other - set(BUILTIN_MODELS)
     for name, spec in data_parallel.DP_MODELS.items():
-        assert spec.factory is not None or spec.zoo_name in ZOO, name
+        assert spec.factory is not None or spec.builtin_name in BUILTIN_MODELS, name
 
 
 def test_data_parallel_batches_are_reproducible():
