@@ -200,9 +200,9 @@ def _read_records(result: CaseResult, outcome: TaskOutcome | None, fired_before:
         if values:
             details["rank_seconds"] = {r: v.get("seconds") for r, v in values.items()}
             details["backward_stats"] = {r: v.get("backward_stats") for r, v in values.items()}
-            counts = [c for c in map(_fired, values.values()) if c is not None]
+            counts = [c for c in map(_fired_in_record, values.values()) if c is not None]
             result.fired = sum(counts) if counts else None
-            details["fired_per_rank"] = {str(r): _fired(v) for r, v in values.items()}
+            details["fired_per_rank"] = {str(r): _fired_in_record(v) for r, v in values.items()}
             result.rank_raised = any(v.get("error") or v.get("crash") for v in values.values())
     if fired_before is not None:
         from conformance.adapters import registry
@@ -215,7 +215,8 @@ def _read_records(result: CaseResult, outcome: TaskOutcome | None, fired_before:
     result.details = details
 
 
-def _fired(value) -> int | None:
+def _fired_in_record(value) -> int | None:
+    """A rank record's `mutation_fired` (its own, or its `backward_stats()`'s); None if it keeps none."""
     if not isinstance(value, dict):
         return None
     if value.get("mutation_fired") is not None:

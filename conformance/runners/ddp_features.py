@@ -182,7 +182,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
         with joining:
             for step in range(own_steps):
                 if step > 0 and step in feats.round_trips:
-                    fired_before += _fired(wrapped)
+                    fired_before += _fired_so_far(wrapped)
                     wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler)
                     if "backward" in owns:  # the rebuilt engine's own backward, not the closed one's
                         backward = wrapped.backward
@@ -243,7 +243,7 @@ def _local_shards(wrapped) -> dict | None:
     return local() if callable(local) else None
 
 
-def _fired(wrapped) -> int:
+def _fired_so_far(wrapped) -> int:
     stats = getattr(wrapped, "backward_stats", None)
     data = stats() if callable(stats) else None
     return data.get("mutation_fired", 0) if isinstance(data, dict) else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from conformance.mutants.firing import Fires
 from conformance.mutants.registry import Registry
 from conformance.spec import Capability
 
@@ -31,17 +32,13 @@ class _Bucket:
         return self.shard - self.offset
 
 
-class Bucketer:
+class Bucketer(Fires):
     """The contract's bucketer; methods are the seams the mutants override."""
 
     def __init__(self, bucket_cap_mb: float = 25):
         self.bucket_cap_mb = bucket_cap_mb
         self.buckets: dict[tuple, _Bucket] = {}
         self.mutation_fired = 0  # how often the bug changed what the correct code would have done
-
-    def _fired(self, when: bool = True) -> None:
-        if when:
-            self.mutation_fired += 1
 
     def shard_size(self, dtype: torch.dtype, group_size: int) -> int:
         if self.bucket_cap_mb <= 0:

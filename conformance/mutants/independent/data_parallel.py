@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from conformance.mutants.firing import Fires
 from conformance.mutants.registry import Registry
 from conformance.spec import Capability
 from refimpl._torch_compat import MODULE_BUFFERS
@@ -37,7 +38,7 @@ def mutant(name: str, clause: str, dimension: str, bug: str):
     return register
 
 
-class Correct:
+class Correct(Fires):
     """The contract, built from refimpl's parts: the control every mutant here is judged against."""
 
     name = "indep-dp-correct"
@@ -45,12 +46,6 @@ class Correct:
     version = "0"
     capabilities = frozenset({Capability.HALF_PRECISION, Capability.CUDA})
     bug, clause, may_abort, dimension = "", "", False, ""
-    mutation_fired = 0  # how often the bug changed what the correct code would have done (the zoo reads it)
-
-    def _fired(self, when: bool = True) -> None:
-        if when:
-            self.mutation_fired += 1
-
     def devices(self, scenario) -> list:
         from conformance.adapters.data_parallel import devices_for
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.adapters.ddp_like import DDPLikeAdapter
+from conformance.mutants.firing import Fires
 from conformance.mutants.registry import Registry
 from refimpl.broadcast import broadcast_from_rank0
 from refimpl.ddp import DistributedDataParallel
@@ -33,7 +34,7 @@ from refimpl.nested import find_tensors
 MUTANTS = Registry("indep-ddp")
 
 
-class Engine(DistributedDataParallel):
+class Engine(Fires, DistributedDataParallel):
     """refimpl's DDP; `_reducer_class` (a `Reducer` subclass) replaces the reducer's class."""
 
     _reducer_class: type | None = None
@@ -41,10 +42,6 @@ class Engine(DistributedDataParallel):
     def __init__(self, module, *args, **kwargs):
         self.__dict__["mutation_fired"] = 0  # before nn.Module's __init__ (a plain attribute)
         super().__init__(module, *args, **kwargs)
-
-    def _fired(self, when: bool = True) -> None:
-        if when:
-            self.mutation_fired += 1
 
     def _build_reducer(self) -> Reducer:
         reducer = super()._build_reducer()

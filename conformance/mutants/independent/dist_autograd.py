@@ -23,6 +23,7 @@ import re
 import torch
 
 from conformance.adapters.dist_autograd import RefimplDistAutograd
+from conformance.mutants.firing import Fires
 from conformance.mutants.registry import Registry
 from refimpl import _torch_compat as compat
 
@@ -48,17 +49,11 @@ def _current():
     return current_context()
 
 
-class Correct(RefimplDistAutograd):
+class Correct(Fires, RefimplDistAutograd):
     """refimpl's engine through the area's adapter: the control the mutants here are judged against."""
 
     name = "indep-dist-autograd-correct"
     bug, clause, may_abort, dimension = "", "", False, ""
-    mutation_fired = 0  # how often the bug changed what the correct code would have done (summed over workers)
-
-    def _fired(self, when: bool = True) -> None:
-        if when:
-            self.mutation_fired += 1
-
 
 def mutant(name: str, clause: str, dimension: str, bug: str, **kw):
     """Register a Correct subclass as mutant `name`; `dimension` is its checklist column."""

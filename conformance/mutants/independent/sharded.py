@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.adapters.sharded import RefimplShardedWrapped, refimpl_sharded_kwargs
+from conformance.mutants.firing import Fires
 from conformance.mutants.registry import Registry
 from conformance.spec import Capability
 from refimpl import _torch_compat as compat
@@ -27,14 +28,8 @@ from refimpl.sharded.optimizer import ShardedOptimizer
 MUTANTS = Registry("indep-sharded")
 
 
-class Engine(ShardedDataParallel):
+class Engine(Fires, ShardedDataParallel):
     """refimpl's engine, its end-of-backward reduction written out with seams."""
-
-    mutation_fired = 0  # how often the bug changed what the correct code would have done
-
-    def _fired(self, when: bool = True) -> None:
-        if when:
-            self.mutation_fired += 1
 
     def used_counts(self) -> list[int]:
         """How many ranks hold a gradient, per slot (the same list on every rank)."""
