@@ -122,163 +122,236 @@ def _own_state(scenario: Scenario, rank: int) -> tuple[dict[str, Tensor], dict[s
 
 
 def _compute(scenario: Scenario, sem: Semantics, anchor: Anchor | None = None) -> Baseline:
-    W = scenario.world_size
-    rule = rule_of(scenario, sem)
-    torch.manual_seed(scenario.seed)
-    model = build_model(
-        scenario.model, scenario.kwargs(), seed=scenario.seed, rank=0,
-        dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
-    )
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
-    optimizer = make_optimizer(scenario.optimizer, params)
-    # Declared fp32 master weights: the optimizer steps fp32 copies, the parameters get them cast back.
-    master = None
-    if sem.precision in (Precision.FP32_MASTER, Precision.FP32_MASTER_FP32_ACCUMULATION) and scenario.dtype in (
-            "bfloat16", "float16"):
-        master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
-        optimizer = make_optimizer(scenario.optimizer, master)
-    # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
-    probed = anchor.allreduce_probe if anchor is not None else None  # the backend's order (3+ ranks)
-    comm = sem.communication.simulator(scenario, named, probed) if sem.communication is not None else None
-    # Declared dynamic loss scaling inside the engine's backward (DeepSpeed fp16): replayed step by step.
-    scaler = sem.loss_scaler.start() if sem.loss_scaler is not None else None
-    skipped = False
-    state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
-    buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
-    baseline = Baseline(scenario, state(), buffers(), [])
+    return _Replay(scenario, sem, anchor).run()
 
-    # What each rank holds after construction: rank 0's state, unless a declared rule says the
-    # sync happens later (first forward) or never (buffers).
-    lazy = sem.construction_sync == ConstructionSync.FIRST_FORWARD
-    first_step = sem.construction_sync == ConstructionSync.FIRST_STEP
-    own = [_own_state(scenario, r) for r in range(W)] if (lazy or first_step or sem.buffers == Buffers.NEVER) else None
-    if lazy or first_step:
-        baseline.init_params_ranks = [own[r][0] for r in range(W)]
-    rank_buffers = [buffers()] * W
-    if own is not None and (lazy or sem.buffers == Buffers.NEVER):
-        rank_buffers = [own[r][1] for r in range(W)]
-        baseline.init_buffers_ranks = list(rank_buffers)
-        if sem.buffers in (Buffers.CONSTRUCTION_ONLY, Buffers.AFTER_BACKWARD):
-            rank_buffers = [rank_buffers[0]] * W  # the lazy construction sync copies rank 0's
-    mean = sem.accumulation == Accumulation.MEAN
-    # After zero_grad(set_to_none=False) a gradient is a zero tensor, not None: carried into the
-    # next step (an unused parameter then keeps zeros, as torch DDP leaves it unchanged).
-    carried: dict[str, Tensor | None] = {n: None for n, _ in named}
 
-    for step in range(scenario.steps):
-        if anchor is not None and anchor.params_before(step) is not None:  # the engine's own state
-            load_params(model, anchor.params_before(step))
-            rank_buffers = list(anchor.buffers_before(step) or rank_buffers)
-            load_buffers(model, rank_buffers[0])
-        local: list[Grads] = [dict(carried) for _ in range(W)]
-        reduced_each = sem.mid_accumulation == MidAccumulation.REDUCED
-        rs_only = scenario.options.accumulate_reduce_scattered  # HSDP: the tree of conformance.oracle.envelope.staged_reduce
-        low_sum = baseline_mixed.applies(scenario) and sem.mixed_accumulation == MixedAccumulation.PARAM_DTYPE
+class _Replay:
+    """One scenario replayed rank by rank in this process, in the phases every engine runs:
+
+        1. construction      the model from the seeds, the optimizer (on fp32 masters if declared),
+                             declared lossy communication and loss scaling; what each rank holds
+                             after construction (rank 0's state, or its own until a later sync)
+        2. local gradients   per micro-batch, every rank's own backward on its shard, from the
+                             buffers the declared rule gives it, kept apart per rank
+        3. synced reduce     at the last micro-batch, the ranks' gradients reduced by the
+                             declared tree (`_synced_average`); inside no_sync(), each rank's
+                             local sum is what it shows
+        4. step              the optimizer on the reduced (or, re-anchored, the engine's own
+                             judged) gradients; what carries into the next step's gradients
+
+    Each phase appends the comparison points it defines to `self.baseline.events`.
+    """
+
+    # -- 1. construction --------------------------------------------------------------------
+    def __init__(self, scenario: Scenario, sem: Semantics, anchor: Anchor | None):
+        self.scenario, self.sem, self.anchor = scenario, sem, anchor
+        self.W = W = scenario.world_size
+        self.rule = rule_of(scenario, sem)
+        torch.manual_seed(scenario.seed)
+        self.model = build_model(
+            scenario.model, scenario.kwargs(), seed=scenario.seed, rank=0,
+            dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
+        )
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.optimizer = make_optimizer(scenario.optimizer, self.params)
+        # Declared fp32 master weights: the optimizer steps fp32 copies, the parameters get them cast back.
+        self.master = None
+        if sem.precision in (Precision.FP32_MASTER, Precision.FP32_MASTER_FP32_ACCUMULATION) and scenario.dtype in (
+                "bfloat16", "float16"):
+            self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
+            self.optimizer = make_optimizer(scenario.optimizer, self.master)
+        # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
+        probed = anchor.allreduce_probe if anchor is not None else None  # the backend's order (3+ ranks)
+        self.comm = sem.communication.simulator(scenario, self.named, probed) if sem.communication is not None else None
+        # Declared dynamic loss scaling inside the engine's backward (DeepSpeed fp16): replayed step by step.
+        self.scaler = sem.loss_scaler.start() if sem.loss_scaler is not None else None
+        self.baseline = Baseline(scenario, self._state(), self._buffers(), [])
+
+        # What each rank holds after construction: rank 0's state, unless a declared rule says the
+        # sync happens later (first forward) or never (buffers).
+        lazy = sem.construction_sync == ConstructionSync.FIRST_FORWARD
+        self.first_step = sem.construction_sync == ConstructionSync.FIRST_STEP
+        own_needed = lazy or self.first_step or sem.buffers == Buffers.NEVER
+        self.own = [_own_state(scenario, r) for r in range(W)] if own_needed else None
+        if lazy or self.first_step:
+            self.baseline.init_params_ranks = [self.own[r][0] for r in range(W)]
+        self.rank_buffers = [self._buffers()] * W
+        if self.own is not None and (lazy or sem.buffers == Buffers.NEVER):
+            self.rank_buffers = [self.own[r][1] for r in range(W)]
+            self.baseline.init_buffers_ranks = list(self.rank_buffers)
+            if sem.buffers in (Buffers.CONSTRUCTION_ONLY, Buffers.AFTER_BACKWARD):
+                self.rank_buffers = [self.rank_buffers[0]] * W  # the lazy construction sync copies rank 0's
+        self.mean = sem.accumulation == Accumulation.MEAN
+        self.reduced_each = sem.mid_accumulation == MidAccumulation.REDUCED
+        self.rs_only = scenario.options.accumulate_reduce_scattered  # HSDP: the tree of conformance.oracle.envelope.staged_reduce
+        self.low_sum = baseline_mixed.applies(scenario) and sem.mixed_accumulation == MixedAccumulation.PARAM_DTYPE
+        # After zero_grad(set_to_none=False) a gradient is a zero tensor, not None: carried into the
+        # next step (an unused parameter then keeps zeros, as torch DDP leaves it unchanged).
+        self.carried: dict[str, Tensor | None] = {n: None for n, _ in self.named}
+
+    def _state(self) -> dict[str, Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def _buffers(self) -> dict[str, Tensor]:
+        return {n: b.detach().clone() for n, b in self.model.named_buffers()}
+
+    def run(self) -> Baseline:
+        for step in range(self.scenario.steps):
+            self._reanchor(step)
+            avg, skipped, after_forward = self._backwards(step)
+            self._step(step, avg, skipped)
+            self._step_event(step, after_forward)
+        return self.baseline
+
+    def _reanchor(self, step: int) -> None:
+        """Re-anchored: the step starts from the engine's own recorded parameters and buffers."""
+        anchor = self.anchor
+        if anchor is not None and anchor.params_before(step) is not None:
+            load_params(self.model, anchor.params_before(step))
+            self.rank_buffers = list(anchor.buffers_before(step) or self.rank_buffers)
+            load_buffers(self.model, self.rank_buffers[0])
+
+    # -- 2. local gradients -----------------------------------------------------------------
+    def _backwards(self, step: int) -> tuple[dict | None, bool, list]:
+        """Every micro-batch of a step: (the synced gradient, whether the step is skipped, the
+        buffers each rank's last forward left)."""
+        W, scenario = self.W, self.scenario
+        local: list[Grads] = [dict(self.carried) for _ in range(W)]
         micro_shares: list[list[Grads]] = []  # per micro-batch, every rank's own gradient (REDUCED)
+        avg, skipped, after_forward = None, False, []
         for micro in range(scenario.micro_batches):
             micro_shares.append([{} for _ in range(W)])
             synced = micro == scenario.micro_batches - 1
-            after_forward = []
-            for rank in range(W):
-                # torch DDP: every rank forwards from rank 0's buffers; otherwise its own.
-                start = rank_buffers[0] if sem.buffers == Buffers.BEFORE_FORWARD else rank_buffers[rank]
-                load_buffers(model, start)
-                if first_step and step == 0:  # step 0 runs on each rank's own parameters
-                    load_params(model, own[rank][0])
-                (x,) = make_inputs(
-                    scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
-                    size=scenario.shard_size(rank), dtype=scenario.dtype, device=scenario.device,
-                )
-                # A mixed-precision policy: forward/backward in param_dtype from cast masters (baseline_mixed).
-                fwd, fwd_params = baseline_mixed.compute_module(model, params, scenario)
-                loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
-                if scaler is not None:
-                    if mean:  # declared with the scaler: engine.backward divides the loss by the count, then scales it
-                        loss = loss / scenario.micro_batches
-                    loss = loss * scaler.scale  # the engine's scale_loss, in the loss's dtype
-                if loss.requires_grad and params:
-                    grads = torch.autograd.grad(loss, fwd_params, allow_unused=True)
-                else:
-                    grads = [None] * len(params)
-                for (name, _), g in zip(named, grads, strict=True):
-                    # Declared: a no_sync() sum kept in param_dtype is cast to reduce_dtype only at the reduction.
-                    g = dense(g) if low_sum else baseline_mixed.to_reduce_dtype(dense(g), scenario)
-                    if mean and g is not None and scaler is None:
-                        g = g / scenario.micro_batches
-                    if g is not None and sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:
-                        g = g.float()  # declared: added into the rank's fp32 accumulator
-                    local[rank][name] = add_grad(local[rank][name], g)
-                    micro_shares[-1][rank][name] = g
-                after_forward.append(buffers())
-            if sem.buffers == Buffers.BEFORE_FORWARD:
-                rank_buffers = [after_forward[0]] * W  # rank 0's update wins at the next forward
-            elif sem.buffers == Buffers.AFTER_BACKWARD and synced:
-                rank_buffers = [after_forward[0]] * W  # rank 0's buffers broadcast after backward
-            else:
-                rank_buffers = after_forward
-            load_buffers(model, rank_buffers[0])
-            if first_step and step == 0:
-                load_params(model, own[0][0])  # rank 0's state everywhere at the first optimizer step
-            skipped = synced and scaler is not None and scaler.overflowed(local)
+            after_forward = [self._rank_backward(step, micro, rank, local, micro_shares[-1]) for rank in range(W)]
+            self._buffers_after(after_forward, synced)
+            if self.first_step and step == 0:
+                load_params(self.model, self.own[0][0])  # rank 0's state everywhere at the first optimizer step
+            skipped = synced and self.scaler is not None and self.scaler.overflowed(local)
             if skipped:  # declared: the step is skipped, its (inf/NaN) gradients discarded and not judged
-                avg = {n: None for n, _ in named}
-                baseline.events.append(Expected("backward", step, micro, True, [None] * W))
+                avg = {n: None for n, _ in self.named}
+                self.baseline.events.append(Expected("backward", step, micro, True, [None] * W))
             elif synced:
-                if sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:  # declared: the fp32 sums are cast to
-                    half = getattr(torch, scenario.dtype)  # the parameters' dtype to be reduced (communication_data_type)
-                    local = [{n: None if g is None else g.to(half) for n, g in grads.items()} for grads in local]
-                if first_step and step == 0:
-                    avg = average(local[:1], 1, rule)  # only rank 0 participates; the others heal
-                else:
-                    avg = _synced_average(scenario, W, rule, comm, local, micro_shares,
-                                          reduced_each=reduced_each, rs_only=rs_only, low_sum=low_sum)
-                if baseline_mixed.applies(scenario):  # the reduced gradient cast back to the masters' dtype
-                    avg = {n: baseline_mixed.to_master_dtype(avg[n], p.dtype) for n, p in named}
-                if sem.unused == Unused.ZEROS:
-                    avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in named}
-                baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
+                avg = self._synced_reduce(step, micro, local, micro_shares)
             else:
-                snapshot = [{n: dense(g) for n, g in grads.items()} for grads in local]
-                if reduced_each or rs_only:  # reduced per micro-batch: no local gradient per rank to read
-                    snapshot = [None] * W
-                baseline.events.append(Expected("backward", step, micro, False, snapshot))
+                self._local_event(step, micro, local)
+        return avg, skipped, after_forward
+
+    def _rank_backward(self, step: int, micro: int, rank: int, local: list[Grads], shares: list[Grads]) -> dict:
+        """One rank's forward and backward on its shard; its gradients added into `local[rank]`.
+        Returns the buffers its forward left."""
+        scenario, sem, model = self.scenario, self.sem, self.model
+        # torch DDP: every rank forwards from rank 0's buffers; otherwise its own.
+        start = self.rank_buffers[0] if sem.buffers == Buffers.BEFORE_FORWARD else self.rank_buffers[rank]
+        load_buffers(model, start)
+        if self.first_step and step == 0:  # step 0 runs on each rank's own parameters
+            load_params(model, self.own[rank][0])
+        (x,) = make_inputs(
+            scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
+            size=scenario.shard_size(rank), dtype=scenario.dtype, device=scenario.device,
+        )
+        # A mixed-precision policy: forward/backward in param_dtype from cast masters (baseline_mixed).
+        fwd, fwd_params = baseline_mixed.compute_module(model, self.params, scenario)
+        loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
+        if self.scaler is not None:
+            if self.mean:  # declared with the scaler: engine.backward divides the loss by the count, then scales it
+                loss = loss / scenario.micro_batches
+            loss = loss * self.scaler.scale  # the engine's scale_loss, in the loss's dtype
+        if loss.requires_grad and self.params:
+            grads = torch.autograd.grad(loss, fwd_params, allow_unused=True)
+        else:
+            grads = [None] * len(self.params)
+        for (name, _), g in zip(self.named, grads, strict=True):
+            # Declared: a no_sync() sum kept in param_dtype is cast to reduce_dtype only at the reduction.
+            g = dense(g) if self.low_sum else baseline_mixed.to_reduce_dtype(dense(g), scenario)
+            if self.mean and g is not None and self.scaler is None:
+                g = g / scenario.micro_batches
+            if g is not None and sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:
+                g = g.float()  # declared: added into the rank's fp32 accumulator
+            local[rank][name] = add_grad(local[rank][name], g)
+            shares[rank][name] = g
+        return self._buffers()
+
+    def _buffers_after(self, after_forward: list, synced: bool) -> None:
+        """The buffers each rank starts its next forward from, by the declared buffer rule."""
+        W, sem = self.W, self.sem
+        if sem.buffers == Buffers.BEFORE_FORWARD:
+            self.rank_buffers = [after_forward[0]] * W  # rank 0's update wins at the next forward
+        elif sem.buffers == Buffers.AFTER_BACKWARD and synced:
+            self.rank_buffers = [after_forward[0]] * W  # rank 0's buffers broadcast after backward
+        else:
+            self.rank_buffers = after_forward
+        load_buffers(self.model, self.rank_buffers[0])
+
+    def _local_event(self, step: int, micro: int, local: list[Grads]) -> None:
+        """Inside no_sync(): each rank shows its own accumulated gradient."""
+        snapshot = [{n: dense(g) for n, g in grads.items()} for grads in local]
+        if self.reduced_each or self.rs_only:  # reduced per micro-batch: no local gradient per rank to read
+            snapshot = [None] * self.W
+        self.baseline.events.append(Expected("backward", step, micro, False, snapshot))
+
+    # -- 3. synced reduce -------------------------------------------------------------------
+    def _synced_reduce(self, step: int, micro: int, local: list[Grads], micro_shares: list[list[Grads]]) -> dict:
+        """The synced backward's gradient on every rank, by the declared reduction."""
+        scenario, sem, W = self.scenario, self.sem, self.W
+        if sem.precision == Precision.FP32_MASTER_FP32_ACCUMULATION:  # declared: the fp32 sums are cast to
+            half = getattr(torch, scenario.dtype)  # the parameters' dtype to be reduced (communication_data_type)
+            local = [{n: None if g is None else g.to(half) for n, g in grads.items()} for grads in local]
+        if self.first_step and step == 0:
+            avg = average(local[:1], 1, self.rule)  # only rank 0 participates; the others heal
+        else:
+            avg = _synced_average(scenario, W, self.rule, self.comm, local, micro_shares,
+                                  reduced_each=self.reduced_each, rs_only=self.rs_only, low_sum=self.low_sum)
+        if baseline_mixed.applies(scenario):  # the reduced gradient cast back to the masters' dtype
+            avg = {n: baseline_mixed.to_master_dtype(avg[n], p.dtype) for n, p in self.named}
+        if sem.unused == Unused.ZEROS:
+            avg = {n: torch.zeros_like(p) if avg[n] is None else avg[n] for n, p in self.named}
+        self.baseline.events.append(Expected("backward", step, micro, True, [avg] * W))
+        return avg
+
+    # -- 4. step ----------------------------------------------------------------------------
+    def _step(self, step: int, avg: dict | None, skipped: bool) -> None:
+        """The optimizer step, and what the next step's gradients start from."""
+        scenario, optimizer, scaler, named = self.scenario, self.optimizer, self.scaler, self.named
         if optimizer is not None and scaler is not None and skipped:
             scaler.update(overflow=True)
-            carried = {n: None for n, _ in named}
+            self.carried = {n: None for n, _ in named}
         elif optimizer is not None:
             # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
-            stepped = anchor.grads(step) if anchor is not None else None
+            stepped = self.anchor.grads(step) if self.anchor is not None else None
             for i, (name, p) in enumerate(named):
                 g = reference(avg[name]) if stepped is None else dense(stepped.get(name))
-                target = p if master is None else master[i]
+                target = p if self.master is None else self.master[i]
                 target.grad = None if g is None else g.clone().to(target.dtype)
                 if scaler is not None and target.grad is not None:
                     target.grad.mul_(1.0 / scaler.scale)  # unscale_and_clip_grads, on the fp32 masters
             optimizer.step()
             if scaler is not None:
                 scaler.update(overflow=False)
-            if master is not None:  # the half-precision parameters are the masters cast back
+            if self.master is not None:  # the half-precision parameters are the masters cast back
                 with torch.no_grad():
-                    for p, m in zip(params, master, strict=True):
+                    for p, m in zip(self.params, self.master, strict=True):
                         p.copy_(m.to(p.dtype))
             set_to_none = scenario.zero_grad != "alternate" or step % 2 == 0
-            carried = {n: None if (set_to_none or avg[n] is None) else torch.zeros_like(p) for n, p in named}
+            self.carried = {n: None if (set_to_none or avg[n] is None) else torch.zeros_like(p) for n, p in named}
             optimizer.zero_grad(set_to_none=True)
         elif scenario.optimizer == "none":
             # Issue 30: no optimizer, so no zero_grad: the next synced backward adds to this one
             # (a parameter no rank uses next keeps this gradient). Scenarios without an optimizer
             # use one micro-batch per step: what a rank shows inside no_sync() on top of an earlier
             # synced gradient differs between engines (p.grad or a local buffer), not modelled.
-            carried = {n: avg[n] for n, _ in named}
-        if sem.buffers == Buffers.BEFORE_FORWARD:
+            self.carried = {n: avg[n] for n, _ in named}
+
+    def _step_event(self, step: int, after_forward: list) -> None:
+        """After the step: every rank's parameters, and its buffers by the declared rule."""
+        W = self.W
+        if self.sem.buffers == Buffers.BEFORE_FORWARD:
             # Ranks other than 0 are modelled with one micro-batch per step only: under
             # no_sync, torch DDP skips the broadcast at the next forward.
-            per_rank = after_forward if scenario.micro_batches == 1 else [buffers()] + [None] * (W - 1)
+            per_rank = after_forward if self.scenario.micro_batches == 1 else [self._buffers()] + [None] * (W - 1)
         else:
-            per_rank = list(rank_buffers)
-        baseline.events.append(Expected("step", step, 0, True, [state()] * W, buffers=per_rank))
-    return baseline
+            per_rank = list(self.rank_buffers)
+        self.baseline.events.append(Expected("step", step, 0, True, [self._state()] * W, buffers=per_rank))
 
 
 def _synced_average(scenario: Scenario, W: int, rule: Tolerance, comm, local: list[Grads],

@@ -67,139 +67,204 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
     (`conformance.adapters.feature_support`) and here; so are several micro-batches with `join()` or
     buffers (when the broadcast is skipped inside `no_sync()` is not modelled here).
     """
-    semantics = semantics or TORCH_DDP
-    feats = Features.of(scenario)
-    W = scenario.world_size
-    torch.manual_seed(scenario.seed)
-    model = build_model(
-        scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=0,
-        dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
-    )
-    if semantics.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY) and list(model.buffers()):
-        raise ValueError(f"scenario {scenario.id}: the production-training oracle does not model the buffer rule "
-                         f"{semantics.buffers.value!r} (the model has buffers)")
-    if feats.join and list(model.buffers()):
-        raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
-    M = scenario.micro_batches
-    if M > 1 and (feats.join or list(model.buffers())):
-        raise ValueError(f"scenario {scenario.id}: several micro-batches per step are modelled for buffer-free "
-                         "models without join() only")
-    mean = semantics.accumulation == Accumulation.MEAN and M > 1
-    reduced_each = semantics.mid_accumulation == MidAccumulation.REDUCED and M > 1
-    opt = optimizer(scenario, feats, [p for p in model.parameters() if p.requires_grad])
-    device_type = torch.device(scenario.device).type
-    scaler = torch.amp.GradScaler(device_type, init_scale=feats.init_scale) if feats.grad_scaler else None
-    state = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
-    buffers = lambda: {n: b.detach().clone() for n, b in model.named_buffers()}  # noqa: E731
-    baseline = Baseline(scenario, state(), buffers(), [])
-    lazy = semantics.construction_sync == ConstructionSync.FIRST_FORWARD
-    first_step = semantics.construction_sync == ConstructionSync.FIRST_STEP
-    own_params = None
-    if lazy or first_step:  # each rank holds its own until then
-        own = [build_model(scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=r,
-                           dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data) for r in range(W)]
-        own_params = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in own]
-        baseline.init_params_ranks = own_params
-        if lazy:
-            baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
+    return _FeatureReplay(scenario, semantics or TORCH_DDP, anchor).run()
 
-    rule = rule_of(scenario, semantics)
-    # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
-    comm = None
-    if semantics.communication is not None:
-        comm = semantics.communication.simulator(scenario, [(n, p) for n, p in model.named_parameters() if p.requires_grad],
-                                                 anchor.allreduce_probe if anchor is not None else None)
-    clip = ClipBound(feats.clip, opt) if opt is not None and clip_applies(scenario, semantics, feats) else None
-    for step in range(feats.total_steps(scenario)):
-        bounds = None
+
+class _FeatureReplay:
+    """One scenario with features replayed rank by rank, in the phases of a training step:
+
+        1. construction      the model (with the features' arguments), optimizer, scaler, the
+                             declared lossy communication and clipping; refusals of what is not
+                             modelled; what each rank holds until a lazy construction sync
+        2. local gradients   every active rank's micro-batches under autocast and the scaler:
+                             its shares and its local sums inside no_sync()
+        3. synced reduce     the active ranks' sums reduced by the declared rule and divisor
+        4. step              clipping (torch's, the engine's declared one, or the bound for
+                             another order of the norm), the scaler, the optimizer
+    """
+
+    # -- 1. construction --------------------------------------------------------------------
+    def __init__(self, scenario: Scenario, semantics: Semantics, anchor):
+        self.scenario, self.semantics, self.anchor = scenario, semantics, anchor
+        self.feats = feats = Features.of(scenario)
+        self.W = W = scenario.world_size
+        torch.manual_seed(scenario.seed)
+        self.model = model = build_model(
+            scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=0,
+            dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
+        )
+        self._refuse_unmodelled()
+        M = self.M = scenario.micro_batches
+        self.mean = semantics.accumulation == Accumulation.MEAN and M > 1
+        self.reduced_each = semantics.mid_accumulation == MidAccumulation.REDUCED and M > 1
+        self.opt = optimizer(scenario, feats, [p for p in model.parameters() if p.requires_grad])
+        device_type = torch.device(scenario.device).type
+        self.scaler = torch.amp.GradScaler(device_type, init_scale=feats.init_scale) if feats.grad_scaler else None
+        self.baseline = Baseline(scenario, self._state(), self._buffers(), [])
+        lazy = semantics.construction_sync == ConstructionSync.FIRST_FORWARD
+        self.first_step = semantics.construction_sync == ConstructionSync.FIRST_STEP
+        self.own_params = None
+        if lazy or self.first_step:  # each rank holds its own until then
+            own = [build_model(scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=r,
+                               dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data) for r in range(W)]
+            self.own_params = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in own]
+            self.baseline.init_params_ranks = self.own_params
+            if lazy:
+                self.baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
+
+        self.rule = rule_of(scenario, semantics)
+        # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
+        self.comm = None
+        if semantics.communication is not None:
+            self.comm = semantics.communication.simulator(
+                scenario, [(n, p) for n, p in model.named_parameters() if p.requires_grad],
+                anchor.allreduce_probe if anchor is not None else None)
+        opt = self.opt
+        self.clip = ClipBound(feats.clip, opt) if opt is not None and clip_applies(scenario, semantics, feats) else None
+
+    def _refuse_unmodelled(self) -> None:
+        scenario, semantics, feats, model = self.scenario, self.semantics, self.feats, self.model
+        if semantics.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY) and list(model.buffers()):
+            raise ValueError(f"scenario {scenario.id}: the production-training oracle does not model the buffer rule "
+                             f"{semantics.buffers.value!r} (the model has buffers)")
+        if feats.join and list(model.buffers()):
+            raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
+        if scenario.micro_batches > 1 and (feats.join or list(model.buffers())):
+            raise ValueError(f"scenario {scenario.id}: several micro-batches per step are modelled for buffer-free "
+                             "models without join() only")
+
+    def _state(self) -> dict:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def _buffers(self) -> dict:
+        return {n: b.detach().clone() for n, b in self.model.named_buffers()}
+
+    def run(self) -> Baseline:
+        feats, W = self.feats, self.W
+        for step in range(feats.total_steps(self.scenario)):
+            self._reanchor(step)
+            apply_requires_grad(self.model, feats, step)
+            self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+            self.params = [p for _, p in self.named]
+            active = feats.active(step) if feats.join else list(range(W))
+            divisor = feats.divisor(W, step)
+            healing = self.first_step and step == 0  # declared: step 0 runs on each rank's own parameters
+            local, shares, inside, after_forward, rank0_buffers = self._local_gradients(step, active, healing)
+            total = self._synced_reduce(active, divisor, healing, local, shares, rank0_buffers)
+            if self.semantics.buffers == Buffers.AFTER_BACKWARD:  # rank 0's buffers broadcast after the synced backward
+                after_forward = {r: rank0_buffers for r in after_forward}
+            per_rank = [total if r in active else None for r in range(W)]
+            for micro, snapshot in enumerate(inside):
+                self.baseline.events.append(Expected("backward", step, micro, False, snapshot))
+            self.baseline.events.append(Expected("backward", step, self.M - 1, True, per_rank))
+            bounds = self._step(step, total)
+            self._step_event(step, active, after_forward, bounds)
+        if feats.join and not feats.throw_on_early_termination:
+            self.baseline.events.append(Expected("joined", feats.total_steps(self.scenario), 0, True, [self._state()] * W))
+        return self.baseline
+
+    def _reanchor(self, step: int) -> None:
+        """Re-anchored: the step starts from the engine's own recorded parameters and buffers."""
+        anchor = self.anchor
         if anchor is not None and anchor.params_before(step) is not None:  # the engine's own state
-            load_params(model, anchor.params_before(step))
+            load_params(self.model, anchor.params_before(step))
             anchored_buffers = anchor.buffers_before(step)
             if anchored_buffers is not None:
-                load_buffers(model, anchored_buffers[0])
-        apply_requires_grad(model, feats, step)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        params = [p for _, p in named]
-        active = feats.active(step) if feats.join else list(range(W))
-        divisor = feats.divisor(W, step)
-        start_buffers = buffers()
+                load_buffers(self.model, anchored_buffers[0])
+
+    # -- 2. local gradients -----------------------------------------------------------------
+    def _local_gradients(self, step: int, active: list[int], healing: bool):
+        """Every active rank's micro-batches: (its local sums by name, the shares per micro-batch,
+        each rank's sum inside no_sync(), the buffers each rank's forwards left, rank 0's)."""
+        scenario, feats, model, M, W = self.scenario, self.feats, self.model, self.M, self.W
+        named, params = self.named, self.params
+        start_buffers = self._buffers()
         rank0_buffers, after_forward = start_buffers, {}
         local: dict[str, list] = {n: [] for n, _ in named}  # every active rank's own gradient
-        healing = first_step and step == 0  # declared: step 0 runs on each rank's own parameters
         shares: list[list[dict]] = [[] for _ in range(M)]  # per micro-batch, every active rank's own gradient
         inside: list[list] = [[None] * W for _ in range(M - 1)]  # each rank's local sum inside no_sync()
         for rank in active:
             load_buffers(model, start_buffers)
             if healing:
-                load_params(model, own_params[rank])
+                load_params(model, self.own_params[rank])
             accumulated = {n: None for n, _ in named}
             for micro in range(M):
                 x = inputs(scenario, feats, rank=rank, step=step, micro=micro, device=scenario.device)
                 with autocast(feats, scenario.device):
                     loss = loss_fn(model(x, rank=rank, micro=micro))
-                if scaler is not None:
-                    loss = scaler.scale(loss)
+                if self.scaler is not None:
+                    loss = self.scaler.scale(loss)
                 grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
-                share = {name: dense(g) / M if mean and g is not None else dense(g)
+                share = {name: dense(g) / M if self.mean and g is not None else dense(g)
                          for (name, _), g in zip(named, grads, strict=True)}
                 shares[micro].append(share)
                 accumulated = {n: add_grad(accumulated[n], share[n]) for n in accumulated}
-                if micro < M - 1 and not reduced_each:  # declared REDUCED: nothing per rank to read
+                if micro < M - 1 and not self.reduced_each:  # declared REDUCED: nothing per rank to read
                     inside[micro][rank] = dict(accumulated)
             for name, _ in named:
                 local[name].append(accumulated[name])
-            after_forward[rank] = buffers()
+            after_forward[rank] = self._buffers()
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
-        load_buffers(model, rank0_buffers)
+        return local, shares, inside, after_forward, rank0_buffers
+
+    # -- 3. synced reduce -------------------------------------------------------------------
+    def _synced_reduce(self, active: list[int], divisor, healing: bool, local: dict, shares: list,
+                       rank0_buffers: dict) -> dict:
+        """The synced gradient every active rank holds, by the declared reduction and divisor."""
+        named, rule = self.named, self.rule
+        load_buffers(self.model, rank0_buffers)
         if healing:  # the primary's (rank 0's) state everywhere at the first optimizer step; only it participates
-            load_params(model, own_params[0])
+            load_params(self.model, self.own_params[0])
             total = {n: reduce(local[n][:1], 1, rule) for n, _ in named}
-        elif comm is not None:
-            total = comm.reduce([{n: local[n][r] for n, _ in named} for r in range(len(active))])
-        elif reduced_each:
+        elif self.comm is not None:
+            total = self.comm.reduce([{n: local[n][r] for n, _ in named} for r in range(len(active))])
+        elif self.reduced_each:
             total = reduced_per_micro_batch(shares, len(active), rule)
         else:
             total = {n: reduce(local[n], divisor, rule) for n, _ in named}
-        if semantics.unused == Unused.ZEROS:
+        if self.semantics.unused == Unused.ZEROS:
             total = {n: torch.zeros_like(p) if total[n] is None else total[n] for n, p in named}
-        if semantics.buffers == Buffers.AFTER_BACKWARD:  # rank 0's buffers broadcast after the synced backward
-            after_forward = {r: rank0_buffers for r in after_forward}
-        per_rank = [total if r in active else None for r in range(W)]
-        for micro, snapshot in enumerate(inside):
-            baseline.events.append(Expected("backward", step, micro, False, snapshot))
-        baseline.events.append(Expected("backward", step, M - 1, True, per_rank))
-        if opt is not None:
-            # Re-anchored: the optimizer (and scaler) step on the engine's own (judged) gradients.
-            stepped = anchor.grads(step) if anchor is not None else None
-            for name, p in named:
-                g = reference(total[name]) if stepped is None else dense(stepped.get(name))
-                p.grad = None if g is None else g.clone()
-            if feats.clip is not None:
-                if scaler is not None:
-                    scaler.unscale_(opt)
-                if semantics.clipping is not None and clip is None:  # declared: the engine's own arithmetic, replayed
-                    semantics.clipping.apply([torch.zeros_like(p) if p.grad is None else p.grad for p in params], feats.clip, W)
-                else:
-                    if clip is not None:  # conformance.oracle.clip_bound: another engine's order of the norm
-                        clip.before_clip(params)
-                    norm = torch.nn.utils.clip_grad_norm_(params, feats.clip)
-                    if clip is not None:
-                        clip.check_norm(float(norm))
+        return total
+
+    # -- 4. step ----------------------------------------------------------------------------
+    def _step(self, step: int, total: dict):
+        """Clip, unscale and step on the synced (or the engine's judged) gradients; the bounds of
+        a clipped step whose norm the engine sums in another order, if any."""
+        opt, scaler, clip, feats, params = self.opt, self.scaler, self.clip, self.feats, self.params
+        if opt is None:
+            return None
+        # Re-anchored: the optimizer (and scaler) step on the engine's own (judged) gradients.
+        stepped = self.anchor.grads(step) if self.anchor is not None else None
+        for name, p in self.named:
+            g = reference(total[name]) if stepped is None else dense(stepped.get(name))
+            p.grad = None if g is None else g.clone()
+        if feats.clip is not None:
             if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
+                scaler.unscale_(opt)
+            if self.semantics.clipping is not None and clip is None:  # declared: the engine's own arithmetic, replayed
+                self.semantics.clipping.apply([torch.zeros_like(p) if p.grad is None else p.grad for p in params],
+                                              feats.clip, self.W)
             else:
-                opt.step()
-            bounds = clip.after_step(named) if clip is not None else None
-            opt.zero_grad(set_to_none=True)
-        params_now = state()
+                if clip is not None:  # conformance.oracle.clip_bound: another engine's order of the norm
+                    clip.before_clip(params)
+                norm = torch.nn.utils.clip_grad_norm_(params, feats.clip)
+                if clip is not None:
+                    clip.check_norm(float(norm))
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        bounds = clip.after_step(self.named) if clip is not None else None
+        opt.zero_grad(set_to_none=True)
+        return bounds
+
+    def _step_event(self, step: int, active: list[int], after_forward: dict, bounds) -> None:
+        params_now = self._state()
         if bounds:  # the clipped step within the bound derived for a reordered global norm
-            params_now = clip.envelopes(params_now, bounds)
-        baseline.events.append(Expected(
-            "step", step, 0, True, [params_now if r in active else None for r in range(W)],
-            buffers=[after_forward.get(r) for r in range(W)],
+            params_now = self.clip.envelopes(params_now, bounds)
+        self.baseline.events.append(Expected(
+            "step", step, 0, True, [params_now if r in active else None for r in range(self.W)],
+            buffers=[after_forward.get(r) for r in range(self.W)],
         ))
-    if feats.join and not feats.throw_on_early_termination:
-        baseline.events.append(Expected("joined", feats.total_steps(scenario), 0, True, [state()] * W))
-    return baseline
