@@ -153,140 +153,204 @@ def _load(module, params: dict, buffers: dict) -> None:
 
 
 def check(scenario: Scenario, adapter_spec: str) -> Checked:
-    from conformance.adapters import registry
+    return _Check(scenario, adapter_spec).run()
 
-    adapter = registry.load(adapter_spec)
-    tol, band = _rules(scenario)
-    repro = repro_command(scenario, adapter_spec)
-    spec = DP_MODELS[scenario.model]
-    device_list = adapter.devices(scenario) if hasattr(adapter, "devices") else ["cpu"] * scenario.world_size
-    first = device_list[0]
-    home = torch.device("cpu") if scenario.device == "cpu" else torch.device("cuda", first if isinstance(first, int) else torch.device(first).index or 0)
-    batch = sum(scenario.shard_sizes) if scenario.shard_sizes else 4 * scenario.world_size
-    sizes, split_rule = replica_oracle.splits(adapter, batch, scenario.world_size)
 
-    torch.manual_seed(scenario.seed)
-    model_kwargs = {k: v for k, v in scenario.kwargs().items() if k not in SWITCHES}
-    model = build(scenario.model, model_kwargs, seed=scenario.seed, dtype=scenario.dtype, device=home,
-                  exact=scenario.exact_data)
-    oracle = copy.deepcopy(model)  # the full batch, trained straight through: the second check
-    anchored = copy.deepcopy(model)  # replica by replica, from the implementation's state each step
-    opt, opt_oracle, opt_anchored = (make_optimizer(scenario.optimizer, [p for p in m.parameters() if p.requires_grad])
-                                     for m in (model, oracle, anchored))
-    count, seconds, envelopes, widest = 0, 0.0, 0, (0.0, 0.0)
-    kw = scenario.kwargs()
-    input_grad = bool(kw.get("input_grad"))
+class _Check:
+    """One data_parallel case, step by step, in the phases of a training step:
 
-    def fail(step, what, mismatches, rule=tol):
+        1. construction      the implementation's model, the full-batch oracle (trained straight
+                             through) and the anchored copy, their optimizers, the splits
+        2. oracle forward    the full batch on the oracle; every replica of each candidate split
+                             on the anchored copy (the implementation's state)
+        3. the call          the implementation's `data_parallel` and the backward of its output
+        4. judge             outputs, parameter and input gradients against the replicas' replay
+                             (re-anchored rule), then the full-batch oracle under its band
+        5. step              the three optimizers; parameters and buffers judged the same way
+    """
+
+    # -- 1. construction --------------------------------------------------------------------
+    def __init__(self, scenario: Scenario, adapter_spec: str):
+        from conformance.adapters import registry
+
+        self.scenario, self.adapter_spec = scenario, adapter_spec
+        self.adapter = adapter = registry.load(adapter_spec)
+        self.tol, self.band = _rules(scenario)
+        self.repro = repro_command(scenario, adapter_spec)
+        self.spec = DP_MODELS[scenario.model]
+        self.device_list = adapter.devices(scenario) if hasattr(adapter, "devices") else ["cpu"] * scenario.world_size
+        first = self.first = self.device_list[0]
+        self.home = torch.device("cpu") if scenario.device == "cpu" else torch.device(
+            "cuda", first if isinstance(first, int) else torch.device(first).index or 0)
+        self.batch = sum(scenario.shard_sizes) if scenario.shard_sizes else 4 * scenario.world_size
+        self.sizes, self.split_rule = replica_oracle.splits(adapter, self.batch, scenario.world_size)
+
+        torch.manual_seed(scenario.seed)
+        model_kwargs = {k: v for k, v in scenario.kwargs().items() if k not in SWITCHES}
+        self.model = build(scenario.model, model_kwargs, seed=scenario.seed, dtype=scenario.dtype, device=self.home,
+                           exact=scenario.exact_data)
+        self.oracle = copy.deepcopy(self.model)  # the full batch, trained straight through: the second check
+        self.anchored = copy.deepcopy(self.model)  # replica by replica, from the implementation's state each step
+        self.opt, self.opt_oracle, self.opt_anchored = (
+            make_optimizer(scenario.optimizer, [p for p in m.parameters() if p.requires_grad])
+            for m in (self.model, self.oracle, self.anchored))
+        self.count, self.seconds, self.envelopes, self.widest = 0, 0.0, 0, (0.0, 0.0)
+        self.kw = scenario.kwargs()
+        self.input_grad = bool(self.kw.get("input_grad"))
+
+    def fail(self, step, what, mismatches, rule=None):
         raise ConformanceError(failure_message(
-            scenario_id=scenario.id, adapter=adapter_spec, rank=0, where=f"step {step}", what=what,
-            mismatches=mismatches, tol=rule, repro=repro,
+            scenario_id=self.scenario.id, adapter=self.adapter_spec, rank=0, where=f"step {step}", what=what,
+            mismatches=mismatches, tol=self.tol if rule is None else rule, repro=self.repro,
         ))
 
-    def judge(step, what, expected, actual, straight=None):
+    def judge(self, step, what, expected, actual, straight=None):
         """The re-anchored rule first, then the full-batch oracle under its band."""
-        nonlocal count, envelopes, widest
         for value in expected.values():
             if isinstance(value, Envelope):
-                envelopes += 1
-                widest = tuple(max(a, b) for a, b in zip(widest, value.spread(), strict=True))
-        bad = compare_dicts(expected, actual, tol)
-        count += 1
+                self.envelopes += 1
+                self.widest = tuple(max(a, b) for a, b in zip(self.widest, value.spread(), strict=True))
+        bad = compare_dicts(expected, actual, self.tol)
+        self.count += 1
         if bad:
-            fail(step, what, bad)
+            self.fail(step, what, bad)
         if straight is not None:
-            bad = compare_dicts(straight, actual, band)
+            bad = compare_dicts(straight, actual, self.band)
             if bad:
-                fail(step, f"straight-through check (the full-batch oracle trained from the seeds; the replica-by-"
-                           f"replica check passed): {what}", bad, band)
+                self.fail(step, f"straight-through check (the full-batch oracle trained from the seeds; the replica-by-"
+                                f"replica check passed): {what}", bad, self.band)
 
-    if kw.get("no_grad_first"):  # an evaluation call before any training call
-        count += _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail, sizes,
-                                step=scenario.steps + 1)
-    for step in range(scenario.steps):
-        if kw.get("eval_last") and step == scenario.steps - 1:
-            for m in (model, oracle, anchored):
-                m.eval()
-        _load(anchored, _params(model), _buffers(model))
-        drawn = make_batch(scenario.model, seed=scenario.seed, step=step, batch=batch, dtype=scenario.dtype, device=home)
-        module_kwargs = make_module_kwargs(scenario.model, seed=scenario.seed, step=step, batch=batch,
+    def _no_grad_call(self, step: int | None = None) -> None:
+        self.count += _check_no_grad(self.scenario, self.adapter, self.model, self.oracle, self.device_list, self.home,
+                                     self.batch, self.fail, self.sizes, step=step)
+
+    def run(self) -> Checked:
+        scenario, kw = self.scenario, self.kw
+        if kw.get("no_grad_first"):  # an evaluation call before any training call
+            self._no_grad_call(step=scenario.steps + 1)
+        for step in range(scenario.steps):
+            if kw.get("eval_last") and step == scenario.steps - 1:
+                for m in (self.model, self.oracle, self.anchored):
+                    m.eval()
+            _load(self.anchored, _params(self.model), _buffers(self.model))
+            inputs, module_kwargs, expected_out, passes, split_inputs, oracle_inputs = self._oracle_forward(step)
+            before = _grads(self.model)
+            out, loss = self._call(step, inputs, module_kwargs)
+            grads_now = self._judge_backward(step, out, loss, expected_out, passes, before)
+            if self.input_grad:
+                self._judge_input_grads(step, inputs, split_inputs, oracle_inputs)
+            self._step(grads_now)
+            self._judge_state(step, passes)
+        if kw.get("no_grad"):
+            self._no_grad_call()
+        return self._checked()
+
+    # -- 2. oracle forward ------------------------------------------------------------------
+    def _oracle_forward(self, step: int):
+        """The step's inputs (the implementation's copy), the full-batch oracle's output (and
+        backward), and every candidate split's replicas replayed on the anchored copy."""
+        scenario, home, spec, kw = self.scenario, self.home, self.spec, self.kw
+        drawn = make_batch(scenario.model, seed=scenario.seed, step=step, batch=self.batch, dtype=scenario.dtype,
+                           device=home)
+        module_kwargs = make_module_kwargs(scenario.model, seed=scenario.seed, step=step, batch=self.batch,
                                            dtype=scenario.dtype, device=home)
-        inputs, oracle_inputs = _clone_inputs(drawn, input_grad), _clone_inputs(drawn, input_grad)
+        inputs, oracle_inputs = _clone_inputs(drawn, self.input_grad), _clone_inputs(drawn, self.input_grad)
         with ambient(kw, home):
-            expected_out = oracle_forward(oracle, oracle_inputs, spec, scenario.world_size, module_kwargs)
+            expected_out = oracle_forward(self.oracle, oracle_inputs, spec, scenario.world_size, module_kwargs)
         total_loss(expected_out).backward()
         passes, split_inputs = [], []
-        for split in sizes:  # every replica of each candidate split, from the implementation's state
-            split_inputs.append(_clone_inputs(drawn, input_grad))
+        for split in self.sizes:  # every replica of each candidate split, from the implementation's state
+            split_inputs.append(_clone_inputs(drawn, self.input_grad))
             with ambient(kw, home):
-                passes.append(replica_oracle.replica_pass(anchored, split_inputs[-1], module_kwargs, split, spec.dim))
-        before = _grads(model)
+                passes.append(replica_oracle.replica_pass(self.anchored, split_inputs[-1], module_kwargs, split, spec.dim))
+        return inputs, module_kwargs, expected_out, passes, split_inputs, oracle_inputs
+
+    # -- 3. the call ------------------------------------------------------------------------
+    def _call(self, step: int, inputs, module_kwargs):
+        """The implementation's forward and the backward of its output; its error is the finding."""
         t0 = time.perf_counter()
         try:
-            with ambient(kw, home):
-                out = call_adapter(adapter, model, inputs, device_list, first, spec.dim, module_kwargs)
+            with ambient(self.kw, self.home):
+                out = call_adapter(self.adapter, self.model, inputs, self.device_list, self.first, self.spec.dim,
+                                   module_kwargs)
             loss = total_loss(out)
             loss.backward()
         except Exception as exc:
             raise ImplementationRaised(
-                f"[{scenario.id}] adapter {adapter_spec}: step {step}: {type(exc).__name__}: {exc}\n  repro: {repro}", exc
+                f"[{self.scenario.id}] adapter {self.adapter_spec}: step {step}: {type(exc).__name__}: {exc}\n"
+                f"  repro: {self.repro}", exc
             ) from exc
-        seconds += time.perf_counter() - t0
+        self.seconds += time.perf_counter() - t0
+        return out, loss
 
+    # -- 4. judge ---------------------------------------------------------------------------
+    def _judge_backward(self, step: int, out, loss, expected_out, passes, before) -> dict:
+        """The gathered output and the original module's gradients; returns those gradients."""
         if structure(out) != structure(expected_out):
             raise ConformanceError(
-                f"[{scenario.id}] adapter {adapter_spec}: step {step}: output structure {structure(out)} "
-                f"but the module returns {structure(expected_out)}\n  repro: {repro}"
+                f"[{self.scenario.id}] adapter {self.adapter_spec}: step {step}: output structure {structure(out)} "
+                f"but the module returns {structure(expected_out)}\n  repro: {self.repro}"
             )
         expected, actual = _outputs(expected_out), _outputs(out)
         tap("backward", step, "loss", {"loss": loss})  # for `--record` (conformance.recording); no-op otherwise
         tap("backward", step, "output", {k: v for k, v in actual.items() if isinstance(v, torch.Tensor)})
-        grads_now = _grads(model)
+        grads_now = _grads(self.model)
         tap("backward", step, "grad", grads_now)
         bad = [Mismatch(k, f"non-tensor output {actual[k]!r} but expected {expected[k]!r}")
                for k in expected if not isinstance(expected[k], torch.Tensor) and actual.get(k) != expected[k]]
         if bad:
-            fail(step, "gathered output differs from the module's output on the full batch", bad)
+            self.fail(step, "gathered output differs from the module's output on the full batch", bad)
         tensors = [k for k, v in expected.items() if isinstance(v, torch.Tensor)]
         replayed = {k: replica_oracle.union([p.output[k].detach() for p in passes]) for k in tensors}
-        judge(step, "gathered output differs from the module's output on the replicas' chunks",
-              replayed, {k: actual[k] for k in tensors}, {k: expected[k] for k in tensors})
-        summed = [replica_oracle.summed(p.grads, tol) for p in passes]
+        self.judge(step, "gathered output differs from the module's output on the replicas' chunks",
+                   replayed, {k: actual[k] for k in tensors}, {k: expected[k] for k in tensors})
+        summed = [replica_oracle.summed(p.grads, self.tol) for p in passes]
         wanted = {n: replica_oracle.union([replica_oracle.accumulate(s[n], before[n]) for s in summed])
                   for n in grads_now}
-        judge(step, "gradients of the original module differ from the sum of the replicas' gradients",
-              wanted, grads_now, _grads(oracle))
-        if input_grad:
-            grads = lambda obj: {k: (None if t.grad is None else t.grad.detach().cpu()) for k, t in _leaves(obj).items()}  # noqa: E731
-            tap("backward", step, "input-grad", grads(inputs))
-            per_split = [grads(i) for i in split_inputs]
-            judge(step, "gradients of the inputs differ (scatter must pass the chunks' gradients back)",
-                  {k: replica_oracle.union([g[k] for g in per_split]) for k in per_split[0]},
-                  grads(inputs), grads(oracle_inputs))
-        if opt is not None:
-            opt.step()
-            opt_oracle.step()
-            with torch.no_grad():  # re-anchored: the same optimizer on the implementation's judged gradients
-                for n, p in anchored.named_parameters():
-                    p.grad = None if grads_now[n] is None else grads_now[n].clone()
-            opt_anchored.step()
-            for o in (opt, opt_oracle, opt_anchored):
-                o.zero_grad(set_to_none=True)
-        params_now, buffers_now = _params(model), _buffers(model)
+        self.judge(step, "gradients of the original module differ from the sum of the replicas' gradients",
+                   wanted, grads_now, _grads(self.oracle))
+        return grads_now
+
+    def _judge_input_grads(self, step: int, inputs, split_inputs, oracle_inputs) -> None:
+        grads = lambda obj: {k: (None if t.grad is None else t.grad.detach().cpu()) for k, t in _leaves(obj).items()}  # noqa: E731
+        tap("backward", step, "input-grad", grads(inputs))
+        per_split = [grads(i) for i in split_inputs]
+        self.judge(step, "gradients of the inputs differ (scatter must pass the chunks' gradients back)",
+                   {k: replica_oracle.union([g[k] for g in per_split]) for k in per_split[0]},
+                   grads(inputs), grads(oracle_inputs))
+
+    # -- 5. step ----------------------------------------------------------------------------
+    def _step(self, grads_now: dict) -> None:
+        if self.opt is None:
+            return
+        self.opt.step()
+        self.opt_oracle.step()
+        with torch.no_grad():  # re-anchored: the same optimizer on the implementation's judged gradients
+            for n, p in self.anchored.named_parameters():
+                p.grad = None if grads_now[n] is None else grads_now[n].clone()
+        self.opt_anchored.step()
+        for o in (self.opt, self.opt_oracle, self.opt_anchored):
+            o.zero_grad(set_to_none=True)
+
+    def _judge_state(self, step: int, passes) -> None:
+        params_now, buffers_now = _params(self.model), _buffers(self.model)
         tap("step", step, "param", params_now)
         tap("step", step, "buffer", buffers_now)
-        judge(step, "parameters after the optimizer step differ", _params(anchored), params_now, _params(oracle))
-        judge(step, "buffers differ (replicas must not change them; replica 0's running statistics are kept)",
-              {n: replica_oracle.union([p.buffers[n] for p in passes]) for n in buffers_now}, buffers_now,
-              _buffers(oracle))
-    if kw.get("no_grad"):
-        count += _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail, sizes)
-    summary = {"rule": tol.describe(), "kind": tol.kind, "reason": tol.reason,
-               "steps": f"re-anchored on the implementation's state, replica by replica ({split_rule} split "
-                        f"{' or '.join(str(list(s)) for s in sizes)})",
-               "envelopes": envelopes, "largest_bound_abs": widest[0], "largest_bound_u": widest[1],
-               "straight_through": f"within {band.describe()} (the full batch, trained from the seeds)"}
-    return Checked(count, details={"seconds": seconds, "devices": [str(d) for d in device_list], "oracle": summary})
+        self.judge(step, "parameters after the optimizer step differ", _params(self.anchored), params_now,
+                   _params(self.oracle))
+        self.judge(step, "buffers differ (replicas must not change them; replica 0's running statistics are kept)",
+                   {n: replica_oracle.union([p.buffers[n] for p in passes]) for n in buffers_now}, buffers_now,
+                   _buffers(self.oracle))
+
+    def _checked(self) -> Checked:
+        tol, band, sizes = self.tol, self.band, self.sizes
+        summary = {"rule": tol.describe(), "kind": tol.kind, "reason": tol.reason,
+                   "steps": f"re-anchored on the implementation's state, replica by replica ({self.split_rule} split "
+                            f"{' or '.join(str(list(s)) for s in sizes)})",
+                   "envelopes": self.envelopes, "largest_bound_abs": self.widest[0], "largest_bound_u": self.widest[1],
+                   "straight_through": f"within {band.describe()} (the full batch, trained from the seeds)"}
+        return Checked(self.count, details={"seconds": self.seconds, "devices": [str(d) for d in self.device_list],
+                                            "oracle": summary})
 
 
 def _check_no_grad(scenario, adapter, model, oracle, device_list, home, batch, fail, sizes,
