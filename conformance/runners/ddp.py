@@ -30,94 +30,137 @@ def run(payload, ctx) -> dict:
         from conformance.runners import ddp_features
 
         return ddp_features.run(payload, ctx)
-    adapter = registry.load(adapter_spec)
-    owns = owned(adapter, scenario)
-    torch.manual_seed(scenario.seed)
-    record: dict = {"events": [], "error": None, "seconds": {}}
-    model = build_model(
-        scenario.model, scenario.kwargs(), seed=scenario.seed, rank=ctx.rank,
-        dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
-    )
-    t0 = time.perf_counter()
-    if "optimizer" in owns:  # protocol v2: the engine builds (and steps) its own optimizer
-        spec = OptimizerSpec(scenario.optimizer, micro_batches=scenario.micro_batches)
-        wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
-    else:
-        wrapped = adapter.wrap(model, ctx, scenario.options)
-    record["seconds"]["wrap"] = time.perf_counter() - t0
-    record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
-    if "optimizer" in owns:
-        optimizer = wrapped.optimizer
-    else:
-        optimizer = make_optimizer(scenario.optimizer, wrapped.optimizer_parameters())
-    backward = wrapped.backward if "backward" in owns else (lambda loss: loss.backward())
-    skewed = scenario.skew and ctx.rank == scenario.world_size - 1
-    step = micro = 0
-    t0 = time.perf_counter()
-    try:
-        for step in range(scenario.steps):
-            if scenario.kwargs().get("discard_no_sync") and optimizer is not None:
-                # Issue 30 (end of life of a local accumulation): a no_sync() backward thrown away by
-                # zero_grad() before the step's own micro-batches; nothing of it may reach the step.
-                (x,) = make_inputs(scenario.model, seed=scenario.seed, rank=ctx.rank, step=step,
-                                   micro=scenario.micro_batches, size=scenario.shard_size(ctx.rank),
-                                   dtype=scenario.dtype, device=ctx.device)
-                with wrapped.no_sync():
-                    backward(loss_fn(wrapped(x, rank=ctx.rank, micro=scenario.micro_batches)))
-                _zero_grad(scenario, step, optimizer, wrapped, owns)
-            for micro in range(scenario.micro_batches):
-                synced = micro == scenario.micro_batches - 1
-                (x,) = make_inputs(
-                    scenario.model, seed=scenario.seed, rank=ctx.rank, step=step, micro=micro,
-                    size=scenario.shard_size(ctx.rank), dtype=scenario.dtype, device=ctx.device,
-                )
-                if scenario.kwargs().get("no_sync_split"):
-                    # Issue 30 (when is the flag read?): the forward decides (torch DDP's rule), so a
-                    # forward inside no_sync() whose backward runs outside it accumulates locally,
-                    # and a forward outside whose backward runs inside it is reduced.
-                    with contextlib.nullcontext() if synced else wrapped.no_sync():
-                        loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
-                    with wrapped.no_sync() if synced else contextlib.nullcontext():
-                        backward(loss)
-                else:
-                    with contextlib.nullcontext() if synced else wrapped.no_sync():
-                        loss = forward_loss(wrapped, scenario, x, rank=ctx.rank, step=step, micro=micro,
-                                            device=ctx.device)
-                        if skewed and scenario.skew == "backward":
-                            time.sleep(SKEW_S)
-                        backward(loss)
-                record["events"].append(
-                    {"kind": "backward", "step": step, "micro": micro, "synced": synced, "values": wrapped.full_gradients(),
-                     "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
-                     "shards": _local_shards(wrapped) if synced else None}  # sharded area: conformance/judge/shards.py
-                )
-            if optimizer is not None:
-                if skewed and scenario.skew == "step":
+    return _Run(scenario, registry.load(adapter_spec), ctx).record_all()
+
+
+class _Run:
+    """One rank's training loop, recorded after every backward and every step, in the phases
+    the oracle replays (`conformance.oracle.baseline`):
+
+        1. construction      the rank's own model (rank-dependent on purpose), wrapped; the
+                             optimizer (the engine's own, where it owns it: protocol v2)
+        2. local gradients   every micro-batch but the last inside `no_sync()`
+        3. synced reduce     the last micro-batch's backward, which the engine reduces
+        4. step              the optimizer step and zero_grad, then parameters and buffers
+
+    It records and judges nothing: the coordinator compares the record with the oracle.
+    """
+
+    # -- 1. construction --------------------------------------------------------------------
+    def __init__(self, scenario: Scenario, adapter, ctx):
+        self.scenario, self.ctx = scenario, ctx
+        self.owns = owns = owned(adapter, scenario)
+        torch.manual_seed(scenario.seed)
+        self.record: dict = {"events": [], "error": None, "seconds": {}}
+        self.model = build_model(
+            scenario.model, scenario.kwargs(), seed=scenario.seed, rank=ctx.rank,
+            dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
+        )
+        t0 = time.perf_counter()
+        if "optimizer" in owns:  # protocol v2: the engine builds (and steps) its own optimizer
+            spec = OptimizerSpec(scenario.optimizer, micro_batches=scenario.micro_batches)
+            self.wrapped = adapter.wrap(self.model, ctx, scenario.options, optimizer=spec)
+        else:
+            self.wrapped = adapter.wrap(self.model, ctx, scenario.options)
+        self.record["seconds"]["wrap"] = time.perf_counter() - t0
+        self.record["init"] = {"parameters": self.wrapped.full_parameters(), "buffers": self.wrapped.full_buffers()}
+        if "optimizer" in owns:
+            self.optimizer = self.wrapped.optimizer
+        else:
+            self.optimizer = make_optimizer(scenario.optimizer, self.wrapped.optimizer_parameters())
+        self.backward = self.wrapped.backward if "backward" in owns else (lambda loss: loss.backward())
+        self.skewed = scenario.skew and ctx.rank == scenario.world_size - 1
+        self.step = self.micro = 0
+
+    def record_all(self) -> dict:
+        scenario, record = self.scenario, self.record
+        t0 = time.perf_counter()
+        try:
+            for step in range(scenario.steps):
+                self.step = step
+                if scenario.kwargs().get("discard_no_sync") and self.optimizer is not None:
+                    self._discarded_no_sync(step)
+                for micro in range(scenario.micro_batches):
+                    self.micro = micro
+                    self._backward(step, micro, synced=micro == scenario.micro_batches - 1)
+                self._step(step)
+        except Exception as exc:
+            accepted = scenario.expect == Expect.MATCH_OR_ERROR and re.search(scenario.error_pattern, str(exc))
+            if not accepted:
+                raise
+            record["error"] = {
+                "type": type(exc).__name__, "message": str(exc), "step": self.step, "micro": self.micro,
+                "traceback": traceback.format_exc(),
+            }
+        record["seconds"]["train"] = time.perf_counter() - t0
+        self._close()
+        return record
+
+    # -- 2. local gradients and 3. synced reduce --------------------------------------------
+    def _inputs(self, step: int, micro: int):
+        scenario, ctx = self.scenario, self.ctx
+        (x,) = make_inputs(scenario.model, seed=scenario.seed, rank=ctx.rank, step=step, micro=micro,
+                           size=scenario.shard_size(ctx.rank), dtype=scenario.dtype, device=ctx.device)
+        return x
+
+    def _discarded_no_sync(self, step: int) -> None:
+        """Issue 30 (end of life of a local accumulation): a no_sync() backward thrown away by
+        zero_grad() before the step's own micro-batches; nothing of it may reach the step."""
+        scenario, wrapped, rank = self.scenario, self.wrapped, self.ctx.rank
+        x = self._inputs(step, scenario.micro_batches)
+        with wrapped.no_sync():
+            self.backward(loss_fn(wrapped(x, rank=rank, micro=scenario.micro_batches)))
+        _zero_grad(scenario, step, self.optimizer, wrapped, self.owns)
+
+    def _backward(self, step: int, micro: int, synced: bool) -> None:
+        """One micro-batch: inside no_sync() unless it is the step's last (the synced one)."""
+        scenario, wrapped, ctx = self.scenario, self.wrapped, self.ctx
+        x = self._inputs(step, micro)
+        if scenario.kwargs().get("no_sync_split"):
+            # Issue 30 (when is the flag read?): the forward decides (torch DDP's rule), so a
+            # forward inside no_sync() whose backward runs outside it accumulates locally,
+            # and a forward outside whose backward runs inside it is reduced.
+            with contextlib.nullcontext() if synced else wrapped.no_sync():
+                loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
+            with wrapped.no_sync() if synced else contextlib.nullcontext():
+                self.backward(loss)
+        else:
+            with contextlib.nullcontext() if synced else wrapped.no_sync():
+                loss = forward_loss(wrapped, scenario, x, rank=ctx.rank, step=step, micro=micro,
+                                    device=ctx.device)
+                if self.skewed and scenario.skew == "backward":
                     time.sleep(SKEW_S)
-                optimizer.step()
-                _zero_grad(scenario, step, optimizer, wrapped, owns)
-            record["events"].append(
-                {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers(),
-                 "shards": _local_shards(wrapped)}
-            )
-    except Exception as exc:
-        accepted = scenario.expect == Expect.MATCH_OR_ERROR and re.search(scenario.error_pattern, str(exc))
-        if not accepted:
-            raise
-        record["error"] = {
-            "type": type(exc).__name__, "message": str(exc), "step": step, "micro": micro,
-            "traceback": traceback.format_exc(),
-        }
-    record["seconds"]["train"] = time.perf_counter() - t0
-    stats = getattr(wrapped, "backward_stats", None)
-    record["backward_stats"] = stats() if callable(stats) else None
-    probe = getattr(wrapped, "allreduce_probe", None)  # optional (protocol): the backend's summation order
-    record["allreduce_probe"] = probe() if callable(probe) else None
-    close = getattr(wrapped, "close", None)  # the optional Wrapped.close() (protocol)
-    if callable(close):
-        close()
-    del wrapped, optimizer, model
-    return record
+                self.backward(loss)
+        self.record["events"].append(
+            {"kind": "backward", "step": step, "micro": micro, "synced": synced, "values": wrapped.full_gradients(),
+             "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
+             "shards": _local_shards(wrapped) if synced else None}  # sharded area: conformance/judge/shards.py
+        )
+
+    # -- 4. step ----------------------------------------------------------------------------
+    def _step(self, step: int) -> None:
+        scenario, wrapped = self.scenario, self.wrapped
+        if self.optimizer is not None:
+            if self.skewed and scenario.skew == "step":
+                time.sleep(SKEW_S)
+            self.optimizer.step()
+            _zero_grad(scenario, step, self.optimizer, wrapped, self.owns)
+        self.record["events"].append(
+            {"kind": "step", "step": step, "values": wrapped.full_parameters(), "buffers": wrapped.full_buffers(),
+             "shards": _local_shards(wrapped)}
+        )
+
+    def _close(self) -> None:
+        """What the engine reports beside its values (optional protocol hooks), then close it."""
+        wrapped, record = self.wrapped, self.record
+        stats = getattr(wrapped, "backward_stats", None)
+        record["backward_stats"] = stats() if callable(stats) else None
+        probe = getattr(wrapped, "allreduce_probe", None)  # optional (protocol): the backend's summation order
+        record["allreduce_probe"] = probe() if callable(probe) else None
+        close = getattr(wrapped, "close", None)  # the optional Wrapped.close() (protocol)
+        if callable(close):
+            close()
+        del self.wrapped, self.optimizer, self.model, self.backward
 
 
 def _local_shards(wrapped) -> dict | None:
