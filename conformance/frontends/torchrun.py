@@ -135,7 +135,26 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, registry.AdapterError) as exc:
         print(f"gradparity: error: {exc}", file=sys.stderr)
         return 2
+    ctx, world_run, control = _join_world(args)
+    box, unmatched = [None], []
+    if ctx.rank == 0:
+        box[0], unmatched = _plan(args, selection, ctx)
+    dist.broadcast_object_list(box, src=0, group=control)
+    cases: list[Case] = box[0]
+    results = _run_cases(args, selection, ctx, world_run, cases, unmatched)
+    code = _finish(args, selection, results, world_run, unmatched) if ctx.rank == 0 else 0
+    if not world_run.broken:
+        if ctx.scratch.get("rpc"):
+            from torch.distributed import rpc
 
+            rpc.shutdown()  # collective: every rank ran the same RPC cases
+        dist.destroy_process_group()
+    return code
+
+
+def _join_world(args):
+    """This rank's process group (the backend its device calls for), a gloo group for control
+    messages, and the executor that runs a case's task on every rank of this world."""
     configure_rank_threads()
     device = "cuda" if torch.cuda.is_available() and os.environ.get("GRADPARITY_DEVICE", "cuda") == "cuda" else "cpu"
     backend = "nccl" if device == "cuda" else "gloo"
@@ -147,36 +166,40 @@ def main(argv: list[str] | None = None) -> int:
     # RPC (dist_autograd) rendezvous through torchrun's own store (MASTER_ADDR:MASTER_PORT, which
     # every rank reaches as a client); torch prefixes RPC's keys, so they cannot meet the group's.
     ctx = RankContext(rank, Topology(world, backend, device), dist.group.WORLD, rpc_init_method="env://")
-    world_run = TorchrunWorld(ctx, control)
+    return ctx, TorchrunWorld(ctx, control), control
 
-    box = [None]
-    if rank == 0:
-        plan = make_plan(replace(selection, device=device))
-        # Rank areas need scenarios of this world's size; single-process areas run on rank 0.
-        cases = _order([c for c in plan.cases if c.area.in_process or c.scenario.world_size == world])
-        box[0] = cases
-        from conformance.report import run_info, start_run
 
-        start_run(args.report_dir)  # one run per directory: the last one's files go now
-        args.run_info = run_info.collect(profile=selection.profile, backend=backend, device=device,
-                                         adapters=list(selection.specs))
-        if args.record:  # --record DIR: rank 0 records every case it judges (conformance/recording.py)
-            from conformance.recording import Recorder
+def _plan(args, selection, ctx) -> tuple[list[Case], list[str]]:
+    """Rank 0: the cases this world runs (and the expectations that matched nothing); starts the
+    reports and the recording."""
+    device, backend, world = ctx.topology.device, ctx.topology.backend, ctx.topology.world_size
+    plan = make_plan(replace(selection, device=device))
+    # Rank areas need scenarios of this world's size; single-process areas run on rank 0.
+    cases = _order([c for c in plan.cases if c.area.in_process or c.scenario.world_size == world])
+    from conformance.report import run_info, start_run
 
-            args.recorder = Recorder(args.record)
-            args.recorder.start(args.run_info)
-        print(f"gradparity torchrun: world {world} ({backend}/{device}), {len(cases)} cases "
-              f"({sum(bool(c.skip) for c in cases)} skipped)", flush=True)
-        for line in plan.unmatched:
-            print(f"warning: {line}", flush=True)
-    dist.broadcast_object_list(box, src=0, group=control)
-    cases: list[Case] = box[0]
+    start_run(args.report_dir)  # one run per directory: the last one's files go now
+    args.run_info = run_info.collect(profile=selection.profile, backend=backend, device=device,
+                                     adapters=list(selection.specs))
+    if args.record:  # --record DIR: rank 0 records every case it judges (conformance/recording.py)
+        from conformance.recording import Recorder
 
+        args.recorder = Recorder(args.record)
+        args.recorder.start(args.run_info)
+    print(f"gradparity torchrun: world {world} ({backend}/{device}), {len(cases)} cases "
+          f"({sum(bool(c.skip) for c in cases)} skipped)", flush=True)
+    for line in plan.unmatched:
+        print(f"warning: {line}", flush=True)
+    return cases, plan.unmatched
+
+
+def _run_cases(args, selection, ctx, world_run, cases: list[Case], unmatched: list[str]) -> list[CaseResult]:
+    """Every case, in order: rank 0 runs the pipeline (and judges), the other ranks serve its tasks."""
     results: list[CaseResult] = []
-    if rank == 0:
-        _on_sigterm(args, selection, results, cases, plan.unmatched)
+    if ctx.rank == 0:
+        _on_sigterm(args, selection, results, cases, unmatched)
     for index, case in enumerate(cases):
-        if rank != 0:
+        if ctx.rank != 0:
             if not case.skip and not case.area.in_process:
                 world_run.run(case.area, case.scenario, case.adapter_spec)
             elif not case.skip:
@@ -193,24 +216,20 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         _progress(index, len(cases), result)
         _write(args, selection, results, cases[index + 1:], world_run.broken)
-    code = 0
-    if rank == 0:
-        from conformance.report.terminal import print_run_summary
+    return results
 
-        written = _write(args, selection, results, [], world_run.broken)
-        records = [r.record() for r in results]
-        print_run_summary(records, written, plan.unmatched, stopped=world_run.broken)
-        if getattr(args, "recorder", None) is not None:
-            index = args.recorder.finish(args.run_info, stopped=world_run.broken or None)
-            print(f"recording: {args.record} ({len(index['case_files'])} cases, {index['bytes'] / 1e6:.1f} MB)", flush=True)
-        code = _exit_status(records)
-    if not world_run.broken:
-        if ctx.scratch.get("rpc"):
-            from torch.distributed import rpc
 
-            rpc.shutdown()  # collective: every rank ran the same RPC cases
-        dist.destroy_process_group()
-    return code
+def _finish(args, selection, results: list[CaseResult], world_run, unmatched: list[str]) -> int:
+    """Rank 0: the reports, the summary and the recording; the exit status."""
+    from conformance.report.terminal import print_run_summary
+
+    written = _write(args, selection, results, [], world_run.broken)
+    records = [r.record() for r in results]
+    print_run_summary(records, written, unmatched, stopped=world_run.broken)
+    if getattr(args, "recorder", None) is not None:
+        index = args.recorder.finish(args.run_info, stopped=world_run.broken or None)
+        print(f"recording: {args.record} ({len(index['case_files'])} cases, {index['bytes'] / 1e6:.1f} MB)", flush=True)
+    return _exit_status(records)
 
 
 def _on_sigterm(args, selection, results: list[CaseResult], cases: list[Case], unmatched: list[str]) -> None:

@@ -69,7 +69,6 @@ def check_records(
     exact_state = EXACT_AFTER_STEP if anchored else tol
     buffer_tol = tol if tol.kind == "band" else exact_state
     repro = repro_command(scenario, adapter)
-    count = 0
 
     def fail(rank, where, what, mismatches, tolerance=tol):
         raise ConformanceError(
@@ -83,8 +82,23 @@ def check_records(
     if missing:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter}: no result from rank(s) {missing}")
 
-    # 1. Construction: rank 0's parameters and buffers everywhere (or, where a declared rule
-    #    defers the sync, each rank's own).
+    count = _judge_construction(scenario, baseline, records, semantics, fail)
+    # 2. Events, in training order.
+    errors = {r: rec.get("error") for r, rec in records.items()}
+    count += _judge_events(scenario, adapter, baseline, records, errors, repro, fail,
+                           tol, exact_state, buffer_tol, semantics, across_ranks=True)
+    details = {"oracle": _oracle_summary(baseline, tol, anchored)}
+    if anchored:
+        details["oracle"]["straight_through"] = _judge_straight_through(
+            scenario, adapter, straight_through, records, errors, repro, fail, tol, semantics)
+    return _judge_errors(scenario, adapter, errors, repro, count, details)
+
+
+def _judge_construction(scenario: Scenario, baseline: Baseline, records: dict[int, dict], semantics: Semantics,
+                        fail) -> int:
+    """1. Construction: rank 0's parameters and buffers everywhere (or, where a declared rule
+    defers the sync, each rank's own)."""
+    count = 0
     for rank in range(scenario.world_size):
         init = records[rank]["init"]
         params, buffers = baseline.init_for(rank)
@@ -96,28 +110,27 @@ def check_records(
                 why = (f"{kind} differ from this rank's own initial {kind} (declared: {semantics.describe()})" if own
                        else f"{kind} differ from rank 0's initial {kind} (construction-time broadcast)")
                 fail(rank, "after construction", why, bad, EXACT_ACROSS_RANKS)
+    return count
 
-    # 2. Events, in training order.
-    errors = {r: rec.get("error") for r, rec in records.items()}
-    count += _judge_events(scenario, adapter, baseline, records, errors, repro, fail,
-                           tol, exact_state, buffer_tol, semantics, across_ranks=True)
-    details = {"oracle": _oracle_summary(baseline, tol, anchored)}
-    # 2b. The straight-through oracle: the second check (rounding compounds there; its own band).
-    if anchored:
-        band = tol.straight_through or (tol if tol.kind in ("band", "norm") else None)
-        if band is None:
-            details["oracle"]["straight_through"] = "implied: every step bitwise from the engine's own state"
-        else:
-            try:
-                _judge_events(scenario, adapter, straight_through, records, errors, repro,
-                              lambda *a: fail(*a[:4], band), band, band, band, semantics, across_ranks=False)
-            except ConformanceError as exc:
-                details["oracle"]["straight_through"] = f"beyond {band.describe()}"
-                raise ConformanceError(f"straight-through check (the oracle trained from the seeds, "
-                                       f"every step re-anchored check passed): {exc}") from None
-            details["oracle"]["straight_through"] = f"within {band.describe()}"
 
-    # 3. Errors: accepted only where the scenario allows them, on every rank, matching.
+def _judge_straight_through(scenario, adapter, straight_through, records, errors, repro, fail, tol,
+                            semantics) -> str:
+    """2b. The straight-through oracle: the second check (rounding compounds there; its own band).
+    Returns what the report says of it; raises beyond its band."""
+    band = tol.straight_through or (tol if tol.kind in ("band", "norm") else None)
+    if band is None:
+        return "implied: every step bitwise from the engine's own state"
+    try:
+        _judge_events(scenario, adapter, straight_through, records, errors, repro,
+                      lambda *a: fail(*a[:4], band), band, band, band, semantics, across_ranks=False)
+    except ConformanceError as exc:
+        raise ConformanceError(f"straight-through check (the oracle trained from the seeds, "
+                               f"every step re-anchored check passed): {exc}") from None
+    return f"within {band.describe()}"
+
+
+def _judge_errors(scenario: Scenario, adapter: str, errors: dict, repro: str, count: int, details: dict) -> Checked:
+    """3. Errors: accepted only where the scenario allows them, on every rank, matching."""
     raised = {r: e for r, e in errors.items() if e}
     if scenario.expect == Expect.ERROR and len(raised) != scenario.world_size:
         quiet = sorted(set(range(scenario.world_size)) - set(raised))
