@@ -21,8 +21,20 @@ ZERO_GRADIENT_MODELS = frozenset({"transformer", "cnn-bn"})
 def scenarios(area: str = "ddp") -> list[Scenario]:
     """Every DDP-contract scenario; `area="sharded"` reuses them for sharded implementations."""
     m = lambda *a, **k: make(*a, area=area, **k)  # noqa: E731
-    out = [
-        # -- the basics, and construction-time sync (every model has rank-dependent init)
+    out = [*_basics(m), *_bucketing(m), *_unused_parameters(m), *_no_sync(m), *_model_structure(m), *_data(m),
+           *_precision_and_compression(m)]
+    if area == "ddp":  # the training-loop scenarios (conformance/catalogue/training_loop.py)
+        out += training_loop.scenarios(m)
+        out += ddp_checklist.scenarios(m)  # issue 30's checklist cells (conformance/catalogue/ddp_checklist.py)
+    out += _sweeps(m)
+    if area == "ddp":  # production-training features (join, AMP, compile ...): their own module
+        out += ddp_features.scenarios()
+    return out
+
+
+def _basics(m) -> list[Scenario]:
+    """The basics, and construction-time sync (every model has rank-dependent init)."""
+    return [
         m("plain", "mlp", w=1),
         m("plain", "mlp", w=2, steps=3),
         m("adam", "mlp", optimizer="adam", steps=3),
@@ -34,7 +46,12 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         m("plain", "cnn-bn", w=4, profiles=STANDARD),
         m("buffers", "buffered", steps=3, description="a buffer updated and used by forward: rank 0 broadcast"),
         m("buffers", "buffered", w=3, steps=3, profiles=STANDARD),
-        # -- bucketing
+    ]
+
+
+def _bucketing(m) -> list[Scenario]:
+    """Bucketing."""
+    return [
         m("bucket-tiny", "many-tiny", options=WrapOptions(bucket_cap_mb=0.001)),
         m("bucket-tiny", "transformer", options=WrapOptions(bucket_cap_mb=0.001), profiles=STANDARD),
         m("bucket-default", "many-tiny", profiles=STANDARD),
@@ -47,7 +64,12 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         m("bucket-view-no-sync", "mlp", options=WrapOptions(gradient_as_bucket_view=True), micro_batches=3, profiles=STANDARD),
         m("static-graph", "mlp", options=WrapOptions(static_graph=True), steps=3),
         m("static-graph", "transformer", options=WrapOptions(static_graph=True), w=3, profiles=STANDARD),
-        # -- unused parameters
+    ]
+
+
+def _unused_parameters(m) -> list[Scenario]:
+    """Unused parameters."""
+    return [
         m("unused-on-rank1", "branches", options=FUF, model_kwargs={"mode": "unused-on-rank1"},
           description="a parameter used on even ranks only: every rank gets the average"),
         m("unused-on-all", "branches", options=FUF, model_kwargs={"mode": "unused-all"},
@@ -62,13 +84,23 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
           upstream="pytorch/pytorch#128949"),
         m("rank-uses-no-param", "branches", options=FUF, model_kwargs={"mode": "rank-idle"}, timeout_s=20,
           profiles=STANDARD, description="rank 1's forward uses no parameter", upstream="pytorch/pytorch#40566"),
-        # -- no_sync accumulation
+    ]
+
+
+def _no_sync(m) -> list[Scenario]:
+    """No_sync accumulation."""
+    return [
         m("no-sync", "mlp", micro_batches=3),
         m("no-sync", "mlp", w=3, micro_batches=2, profiles=STANDARD),
         m("no-sync-control-flow", "branches", options=FUF, micro_batches=3, model_kwargs={"mode": "micro-flow"},
           description="a parameter used only in the first (no_sync) micro-batch", upstream="pytorch/pytorch#69031"),
         m("no-sync-adam", "transformer", micro_batches=2, optimizer="adam", profiles=STANDARD),
-        # -- model structure
+    ]
+
+
+def _model_structure(m) -> list[Scenario]:
+    """Model structure."""
+    return [
         m("tied", "tied"),
         m("tied", "tied", w=4, profiles=STANDARD),
         m("tied-bf16", "tied", dtype="bfloat16", profiles=STANDARD,
@@ -79,11 +111,21 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         m("sparse", "embedding", model_kwargs={"sparse": True}),
         m("sparse", "embedding", w=3, model_kwargs={"sparse": True}, profiles=STANDARD),
         m("dense-embedding", "embedding", profiles=STANDARD),
-        # -- data
+    ]
+
+
+def _data(m) -> list[Scenario]:
+    """Data."""
+    return [
         m("uneven", "mlp", shard_sizes=(2, 6)),
         m("uneven", "mlp", w=3, shard_sizes=(1, 2, 5), profiles=STANDARD),
         m("uneven", "cnn-bn", w=4, shard_sizes=(2, 4, 2, 8), profiles=STANDARD),
-        # -- precision and compression
+    ]
+
+
+def _precision_and_compression(m) -> list[Scenario]:
+    """Precision and compression."""
+    return [
         m("fp16-params", "mlp", dtype="float16", profiles=STANDARD),
         m("bf16-params", "mlp", dtype="bfloat16", profiles=STANDARD),
         m("gas-bf16", "mlp", dtype="bfloat16", micro_batches=2, profiles=STANDARD,
@@ -101,10 +143,11 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         m("reduce-bf16", "mlp", w=4, options=WrapOptions(reduce_dtype="bfloat16"), profiles=STANDARD),
         m("reduce-fp16", "transformer", w=3, options=WrapOptions(reduce_dtype="float16"), profiles=STANDARD),
     ]
-    if area == "ddp":  # the training-loop scenarios (conformance/catalogue/training_loop.py)
-        out += training_loop.scenarios(m)
-        out += ddp_checklist.scenarios(m)  # issue 30's checklist cells (conformance/catalogue/ddp_checklist.py)
-    # -- full: the core models across every world size and both optimizers
+
+
+def _sweeps(m) -> list[Scenario]:
+    """Full: the core models across every world size and both optimizers."""
+    out = []
     for model in ("mlp", "transformer", "cnn-bn", "tied", "many-tiny", "mixed-dtype"):
         for w in (1, 2, 3, 4):
             for opt in ("sgd", "adam"):
@@ -115,6 +158,4 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
         out.append(m("sweep-unused", "branches", w=w, options=FUF, model_kwargs={"mode": "unused-on-rank1"}, profiles=FULL))
         out.append(m("sweep-no-sync", "branches", w=w, options=FUF, micro_batches=3,
                      model_kwargs={"mode": "micro-flow"}, profiles=FULL))
-    if area == "ddp":  # production-training features (join, AMP, compile ...): their own module
-        out += ddp_features.scenarios()
     return out
