@@ -263,90 +263,26 @@ class PowerSGDSimulator:
         return torch.randn(*shape, device="cpu", dtype=dtype)
 
     def _layerwise(self, index: int, names: list[str], flats: list[Tensor]) -> Tensor:
+        """torch's `powerSGD_hook` on one bucket, in its phases: the uncompressed part averaged;
+        the matrices batched by shape; Q started (random, or warm); P = M Q summed and
+        orthogonalized; Q = M^T P averaged; M = P Q^T written back; the error kept."""
         cfg, W = self.cfg, self.W
         dtype = flats[0].dtype
         copies = self._with_error(index, flats)
-        views = []  # per rank: the per-parameter views of its buffer
-        for flat in flats:
-            offset, mine = 0, []
-            for n in names:
-                numel = math.prod(self.shapes[n])
-                mine.append(flat[offset:offset + numel].view(self.shapes[n]))
-                offset += numel
-            views.append(mine)
+        views = [self._views(names, flat) for flat in flats]  # per rank: the per-parameter views of its buffer
         compress, plain, p_size, q_size = _split(cfg, [self.shapes[n] for n in names])
-        # The uncompressed part: summed, then divided by W.
         if plain:
-            summed = self._sum([torch.cat([views[r][i].reshape(-1) for i in plain]) for r in range(W)]).div_(W)
-            for r in range(W):
-                offset = 0
-                for i in plain:
-                    numel = views[r][i].numel()
-                    views[r][i].copy_(summed[offset:offset + numel].view_as(views[r][i]))
-                    offset += numel
+            self._average_uncompressed(views, plain)
         randomize = not cfg.warm_start or index not in self.p_memory
         if randomize:
             self.p_memory[index] = torch.empty(p_size, dtype=dtype)
             self.q_memory[index] = torch.empty(q_size, dtype=dtype)
-        # Layout grouped by shape, first-seen order (torch's shape_to_tensors dict).
-        groups: dict[torch.Size, list[int]] = defaultdict(list)
-        for i in compress:
-            rows = self.shapes[names[i]][0]
-            groups[torch.Size((rows, views[0][i].numel() // rows))].append(i)
-        batches = []  # (member indices, n, m, rank)
-        for shape, members in groups.items():
-            rows, cols = shape
-            rank = min(rows, cols, cfg.matrix_approximation_rank)
-            if cfg.batch_tensors_with_same_shape:
-                batches.append((members, rows, cols, rank))
-            else:
-                batches.extend(([i], rows, cols, rank) for i in members)
-
-        def matrices(r):
-            out = []
-            for members, rows, cols, _ in batches:
-                mats = [views[r][i].view(rows, cols) for i in members]
-                out.append(mats[0].unsqueeze(0) if len(mats) == 1 else torch.stack(mats))
-            return out
-
-        def carve(memory, which):
-            out, idx = [], 0
-            for members, rows, cols, rank in batches:
-                length = len(members) * (rows if which == "p" else cols) * rank
-                out.append(memory[idx:idx + length].view(len(members), rows if which == "p" else cols, rank))
-                idx += length
-            return out
-
-        qs = carve(self.q_memory[index], "q")
-        if not randomize:
-            for q in qs:
-                _orthogonalize(q, cfg.orthogonalization_epsilon)
-        else:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.rng.randint(1_000_000_000))
-                for q in qs:
-                    q.copy_(self._random_q(q.shape, dtype))
-                    _orthogonalize(q, cfg.orthogonalization_epsilon)
-        mats = [matrices(r) for r in range(W)]
-        p_rank = []
-        for r in range(W):
-            memory = torch.empty_like(self.p_memory[index])
-            for tensor, q, p in zip(mats[r], qs, carve(memory, "p"), strict=True):
-                torch.bmm(tensor, q, out=p)
-            p_rank.append(memory)
-        self.p_memory[index] = self._sum(p_rank)
-        ps = carve(self.p_memory[index], "p")
-        for p in ps:
-            _orthogonalize(p, cfg.orthogonalization_epsilon)
-        q_rank = []
-        for r in range(W):
-            memory = torch.empty_like(self.q_memory[index])
-            for tensor, p, q in zip(mats[r], ps, carve(memory, "q"), strict=True):
-                torch.bmm(tensor.transpose(1, 2), p, out=q)
-            q_rank.append(memory)
-        self.q_memory[index] = self._sum(q_rank).div_(W)
-        qs = carve(self.q_memory[index], "q")
-        for r in range(W):
+        batches = self._batches(names, views, compress)
+        self._start_q(index, batches, randomize, dtype)
+        mats = [_matrices(views[r], batches) for r in range(W)]
+        ps = self._compute_p(index, batches, mats)
+        qs = self._compute_q(index, batches, mats, ps)
+        for r in range(W):  # M = P Q^T, into every rank's buffer
             for (members, _, _, _), tensor, p, q in zip(batches, mats[r], ps, qs, strict=True):
                 torch.bmm(p, q.transpose(1, 2), out=tensor)
                 if len(members) > 1:  # stacked copies: back into the bucket's views
@@ -359,6 +295,84 @@ class PowerSGDSimulator:
             self.p_memory.clear()
             self.q_memory.clear()
         return flats[0]
+
+    def _views(self, names: list[str], flat: Tensor) -> list[Tensor]:
+        offset, mine = 0, []
+        for n in names:
+            numel = math.prod(self.shapes[n])
+            mine.append(flat[offset:offset + numel].view(self.shapes[n]))
+            offset += numel
+        return mine
+
+    def _average_uncompressed(self, views: list[list[Tensor]], plain: list[int]) -> None:
+        """The uncompressed part: summed, then divided by W."""
+        W = self.W
+        summed = self._sum([torch.cat([views[r][i].reshape(-1) for i in plain]) for r in range(W)]).div_(W)
+        for r in range(W):
+            offset = 0
+            for i in plain:
+                numel = views[r][i].numel()
+                views[r][i].copy_(summed[offset:offset + numel].view_as(views[r][i]))
+                offset += numel
+
+    def _batches(self, names: list[str], views: list[list[Tensor]], compress: list[int]) -> list[tuple]:
+        """(member indices, n, m, rank) per batch: layout grouped by shape, first-seen order
+        (torch's shape_to_tensors dict)."""
+        cfg = self.cfg
+        groups: dict[torch.Size, list[int]] = defaultdict(list)
+        for i in compress:
+            rows = self.shapes[names[i]][0]
+            groups[torch.Size((rows, views[0][i].numel() // rows))].append(i)
+        batches = []
+        for shape, members in groups.items():
+            rows, cols = shape
+            rank = min(rows, cols, cfg.matrix_approximation_rank)
+            if cfg.batch_tensors_with_same_shape:
+                batches.append((members, rows, cols, rank))
+            else:
+                batches.extend(([i], rows, cols, rank) for i in members)
+        return batches
+
+    def _start_q(self, index: int, batches: list[tuple], randomize: bool, dtype) -> None:
+        """Q, orthogonalized: drawn from the hook's seeded generator, or the last step's (warm start)."""
+        cfg = self.cfg
+        qs = _carve(self.q_memory[index], batches, "q")
+        if not randomize:
+            for q in qs:
+                _orthogonalize(q, cfg.orthogonalization_epsilon)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.rng.randint(1_000_000_000))
+                for q in qs:
+                    q.copy_(self._random_q(q.shape, dtype))
+                    _orthogonalize(q, cfg.orthogonalization_epsilon)
+
+    def _compute_p(self, index: int, batches: list[tuple], mats: list[list[Tensor]]) -> list[Tensor]:
+        """P = M Q on every rank, summed across ranks (the first all-reduce), orthogonalized."""
+        qs = _carve(self.q_memory[index], batches, "q")
+        p_rank = []
+        for r in range(self.W):
+            memory = torch.empty_like(self.p_memory[index])
+            for tensor, q, p in zip(mats[r], qs, _carve(memory, batches, "p"), strict=True):
+                torch.bmm(tensor, q, out=p)
+            p_rank.append(memory)
+        self.p_memory[index] = self._sum(p_rank)
+        ps = _carve(self.p_memory[index], batches, "p")
+        for p in ps:
+            _orthogonalize(p, self.cfg.orthogonalization_epsilon)
+        return ps
+
+    def _compute_q(self, index: int, batches: list[tuple], mats: list[list[Tensor]], ps: list[Tensor]) -> list[Tensor]:
+        """Q = M^T P on every rank, averaged across ranks (the second all-reduce)."""
+        W = self.W
+        q_rank = []
+        for r in range(W):
+            memory = torch.empty_like(self.q_memory[index])
+            for tensor, p, q in zip(mats[r], ps, _carve(memory, batches, "q"), strict=True):
+                torch.bmm(tensor.transpose(1, 2), p, out=q)
+            q_rank.append(memory)
+        self.q_memory[index] = self._sum(q_rank).div_(W)
+        return _carve(self.q_memory[index], batches, "q")
 
     def _batched(self, index: int, flats: list[Tensor]) -> Tensor:
         cfg, W = self.cfg, self.W
@@ -391,3 +405,22 @@ class PowerSGDSimulator:
             self.p_memory.clear()
             self.q_memory.clear()
         return padded[0][:length]
+
+
+def _matrices(views: list[Tensor], batches: list[tuple]) -> list[Tensor]:
+    """One rank's matrices per batch: a (1, n, m) view, or the members stacked (a copy)."""
+    out = []
+    for members, rows, cols, _ in batches:
+        mats = [views[i].view(rows, cols) for i in members]
+        out.append(mats[0].unsqueeze(0) if len(mats) == 1 else torch.stack(mats))
+    return out
+
+
+def _carve(memory: Tensor, batches: list[tuple], which: str) -> list[Tensor]:
+    """The P (or Q) memory of a bucket, as one (members, n (or m), rank) view per batch."""
+    out, idx = [], 0
+    for members, rows, cols, rank in batches:
+        length = len(members) * (rows if which == "p" else cols) * rank
+        out.append(memory[idx:idx + length].view(len(members), rows if which == "p" else cols, rank))
+        idx += length
+    return out
