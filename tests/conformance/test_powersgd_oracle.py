@@ -21,7 +21,8 @@ from conformance import catalogue
 from conformance.adapters.engines.powersgd import PowerSGDWrapped
 from conformance.judge.compare import compare_dicts
 from conformance.oracle.baseline import compute_anchored
-from conformance.oracle.declared.powersgd_oracle import PowerSGDConfig, bucket_layout, ready_order
+from conformance.oracle.declared.ddp_buckets import bucket_layout, ready_order
+from conformance.oracle.declared.powersgd_oracle import PowerSGDConfig
 from conformance.oracle.envelope import reference
 from conformance.semantics import Semantics
 
