@@ -1,13 +1,11 @@
-"""An `Area` is one contract the suite checks, defined in one place; `AREAS` is the registry.
+"""An `Area` is one contract the suite checks, with its pieces as functions; `AREAS` is the registry.
 
-The layers (docs/design.md, "Layers"): the area *names* are vocabulary, `conformance.spec.AREA_NAMES`
-(`Scenario` checks its area against them); the catalogue lists its own area modules
-(`conformance.catalogue.SCENARIOS`); this registry sits above both and the runners, and the CLI's
-choices, the plan, the zoo, the torchrun launcher and the reports read it. Adding an area: its
-name in `AREA_NAMES`, its catalogue module in `catalogue.SCENARIOS`, its rank task and judge in
-`conformance/runners/`, and one entry here.
+Each area is registered once, by its module in `conformance/areas/` (an `AreaEntry` naming where
+its pieces live); this module turns every entry into an `Area` of live functions, which the
+CLI's choices, the plan, the zoo, the torchrun launcher and the reports read. Adding an area is
+that one module plus the files it names (`conformance/areas/__init__.py` lists them).
 
-An area's pieces are functions, not "module:attr" strings:
+An area's pieces:
 
 - `scenarios()`  its catalogue (every profile; `conformance.catalogue.select` filters);
 - `task(payload, ctx)`  what runs on every rank of a world for one case, with
@@ -30,13 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from conformance import catalogue
-from conformance.oracle import baseline
-from conformance.oracle import bucketer as bucketer_oracle
-from conformance.oracle import data_parallel as data_parallel_oracle
-from conformance.oracle import dist_autograd as dist_autograd_oracle
-from conformance.runners import bucketer, data_parallel, ddp, dist_autograd
-from conformance.spec import AREA_NAMES as NAMES  # the names are vocabulary; this is the registry
+from conformance import areas, catalogue
+from conformance.areas import NAMES  # the names are vocabulary; this is the registry
 from conformance.topology import choose_topology
 
 
@@ -64,25 +57,13 @@ class Area:
         return choose_topology(scenario.world_size, self.rank_device or scenario.device)
 
 
-AREAS: dict[str, Area] = {
-    a.name: a
-    for a in (
-        Area("ddp", "the DDP contract: construction sync, averaged grads, no_sync, unused parameters, buffers",
-             catalogue.SCENARIOS["ddp"], ddp.run, ddp.judge, baseline.compute),
-        Area("data_parallel", "single-process replicate/scatter/gather vs one full-batch backward",
-             catalogue.SCENARIOS["data_parallel"], data_parallel.run, data_parallel.judge, data_parallel_oracle.oracle_forward,
-             in_process=True),
-        Area("dist_autograd", "gradients in distributed-autograd contexts vs local autograd over the same composition",
-             catalogue.SCENARIOS["dist_autograd"], dist_autograd.run, dist_autograd.judge, dist_autograd_oracle.oracle,
-             rank_device="cpu"),
-        Area("bucketer", "bucketed reduce-scatter = exact sum of chunks; callbacks exactly once, in order",
-             catalogue.SCENARIOS["bucketer"], bucketer.run, bucketer.judge, bucketer_oracle.expected_result),
-        Area("sharded", "the DDP contract on gathered (unsharded) grads and params",
-             catalogue.SCENARIOS["sharded"], ddp.run, ddp.judge, baseline.compute),
-    )
-}
-assert tuple(AREAS) == NAMES, "conformance.area: NAMES and AREAS disagree"
-assert {n: a.scenarios for n, a in AREAS.items()} == catalogue.SCENARIOS, "conformance.area: catalogues disagree"
+def _area(entry: areas.AreaEntry) -> Area:
+    runner = areas.resolve(entry.runner)
+    return Area(entry.name, entry.about, catalogue.SCENARIOS[entry.name], runner.run, runner.judge,
+                areas.resolve(entry.oracle), in_process=entry.in_process, rank_device=entry.rank_device)
+
+
+AREAS: dict[str, Area] = {entry.name: _area(entry) for entry in areas.ENTRIES}
 
 
 def get(name: str) -> Area:

@@ -11,7 +11,7 @@ from tests.import_graph import ROOT, circles, edges, modules
 # conformance/, bottom to top. A module belongs to the longest prefix that names it; it may
 # import its own layer and those below. A new module needs a place here (the last test says so).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("vocabulary", ("conformance.spec", "conformance.topology", "conformance.catalogue.profiles",
+    ("vocabulary", ("conformance.areas", "conformance.spec", "conformance.topology", "conformance.catalogue.profiles",
                     "conformance.semantics", "conformance.expectations", "conformance._deprecated")),
     ("models and features", ("conformance.models", "conformance.features")),
     ("catalogue", ("conformance.catalogue",)),
@@ -58,7 +58,12 @@ def test_the_vocabulary_imports_nothing_above_it(conformance_graph):
     assert set(VOCABULARY) <= vocabulary  # every name is a module
     above = {m: sorted(conformance_graph[m] - vocabulary) for m in sorted(vocabulary)}
     assert not any(above.values()), f"the vocabulary imports from above it: {above}"
-    assert conformance_graph["conformance.spec"] == set()  # the ground floor
+    # the ground floor: the area entries (plain strings), which the vocabulary names its areas from
+    assert {m: conformance_graph[m] for m in conformance_graph if m.startswith("conformance.areas")} == {
+        "conformance.areas": {"conformance.areas.entry"}, "conformance.areas.entry": set(),
+        **{m: {"conformance.areas.entry"} for m in conformance_graph if m.startswith("conformance.areas.")
+           and m != "conformance.areas.entry"}}
+    assert conformance_graph["conformance.spec"] == {"conformance.areas"}
 
 
 def test_no_module_imports_a_higher_layer(conformance_graph):

@@ -11,23 +11,13 @@ import functools
 import importlib
 from importlib.metadata import entry_points
 
+from conformance import areas
+
 DDP_CLASS_PREFIX = "ddp-class="
 
-# name -> "module:factory"; every built-in, whatever its area.
-BUILTINS: dict[str, str] = {
-    "torch-ddp": "conformance.adapters.ddp_like:torch_ddp",
-    "refimpl-ddp": "conformance.adapters.ddp_like:refimpl_ddp",
-    "refimpl-data-parallel": "conformance.adapters.data_parallel:refimpl_data_parallel",
-    "torch-data-parallel": "conformance.adapters.data_parallel:torch_data_parallel",
-    "refimpl-dist-autograd": "conformance.adapters.dist_autograd:refimpl_dist_autograd",
-    "torch-dist-autograd": "conformance.adapters.dist_autograd:torch_dist_autograd",
-    "refimpl-bucketer": "conformance.adapters.bucketer:refimpl_bucketer",
-    "fairscale-bucketer": "conformance.adapters.bucketer:fairscale_bucketer",
-    "refimpl-sharded": "conformance.adapters.sharded:refimpl_sharded",
-    "refimpl-zero3": "conformance.adapters.sharded:refimpl_zero3",
-    "torch-fsdp": "conformance.adapters.sharded:torch_fsdp",
-    "torch-fsdp2": "conformance.adapters.sharded_fsdp2:torch_fsdp2",
-}
+# name -> "module:factory"; every built-in, whatever its area (each area's entry,
+# `conformance/areas/<area>.py`, names its own), in the areas' order.
+BUILTINS: dict[str, str] = {name: ref for entry in areas.ENTRIES for name, ref in entry.adapters.items()}
 
 # Third-party engines (conformance/adapters/engines/): built in, but run only when named, since
 # they need their engine installed (`gradparity[engines]`) and take longer.

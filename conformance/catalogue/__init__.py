@@ -1,8 +1,8 @@
 """Scenario catalogues per area and the named profiles (quick ⊂ standard ⊂ full).
 
-Each area's catalogue is one module here, and `SCENARIOS` says which function is each area's
-(the area registry, `conformance.area.AREAS`, one layer up, reads it from here). The catalogue
-knows nothing of the registry: it lists its own modules.
+Each area's catalogue is one module here; which function lists an area's scenarios is its
+entry's `catalogue` (`conformance/areas/<area>.py`), and `SCENARIOS` maps every area to it, in
+the areas' order (the area registry, `conformance.area.AREAS`, one layer up, reads it from here).
 """
 
 from __future__ import annotations
@@ -10,19 +10,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 
-from conformance.catalogue import bucketer, data_parallel, ddp, dist_autograd, sharded
+from conformance import areas
 from conformance.catalogue.profiles import FULL, PROFILES, QUICK, SHORT_DTYPE, STANDARD  # noqa: F401
-from conformance.spec import AREA_NAMES, Scenario
+from conformance.spec import Scenario
 
-# Every area's scenarios (every profile; `select` filters), in the order of `AREA_NAMES`.
-SCENARIOS: dict[str, Callable[[], list[Scenario]]] = {
-    "ddp": ddp.scenarios,
-    "data_parallel": data_parallel.scenarios,
-    "dist_autograd": dist_autograd.scenarios,
-    "bucketer": bucketer.scenarios,
-    "sharded": sharded.scenarios,
-}
-assert tuple(SCENARIOS) == AREA_NAMES, "conformance.catalogue: SCENARIOS and spec.AREA_NAMES disagree"
+# Every area's scenarios (every profile; `select` filters), in the areas' order.
+SCENARIOS: dict[str, Callable[[], list[Scenario]]] = {e.name: areas.resolve(e.catalogue) for e in areas.ENTRIES}
 
 
 @functools.cache

@@ -22,15 +22,5 @@ not in `--set all` (they measure the catalogue's reach, they are not yet all cau
     gradparity zoo --area ddp --set interactions --profile standard
 """
 
-AREA_MODULES = {
-    "data_parallel": "conformance.mutants.independent.data_parallel",
-    "bucketer": "conformance.mutants.independent.bucketer",
-    "sharded": "conformance.mutants.independent.sharded",
-    "ddp": "conformance.mutants.independent.ddp",
-    "dist_autograd": "conformance.mutants.independent.dist_autograd",
-}
-
-INTERACTION_MODULES = {
-    "ddp": "conformance.mutants.independent.interactions_ddp",
-    "sharded": "conformance.mutants.independent.interactions_sharded",
-}
+# Each area's modules here are named by its entry (`conformance/areas/<area>.py`: `independent`,
+# `interactions`).
