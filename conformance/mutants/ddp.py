@@ -66,7 +66,7 @@ class SkipUnused(BucketedDDP):
 
     def _mark_unused(self, params: list[nn.Parameter]) -> None:
         if params:
-            self._fired(times=len(params))
+            self._fired(len(params))
 
     def _on_stuck(self, stuck: list[Bucket]) -> None:
         while any(b.pending for b in stuck):  # a reducer that trusts its counters waits

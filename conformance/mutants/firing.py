@@ -13,7 +13,7 @@ Usage::
     class SkipsUnused(Fires, Correct):
         def _finalize(self):
             unused = [p for p in self._params if p.grad is None]
-            self._fired(bool(unused))          # fired only if there was something to skip
+            self._fired(bool(unused))          # once, only if there was something to skip
             ...
 """
 
@@ -29,8 +29,10 @@ class Fires:
 
     mutation_fired: int = 0
 
-    def _fired(self, when: bool = True, *, times: int = 1) -> None:
-        """The bug took effect (`times` times), if `when`."""
-        if when:
+    def _fired(self, n: int | bool = 1) -> None:
+        """The bug took effect `n` times; given a condition instead (a bool, or anything that
+        tests true or false), once if it holds."""
+        count = n if isinstance(n, int) else int(bool(n))
+        if count:
             with _LOCK:
-                self.mutation_fired += times
+                self.mutation_fired += count

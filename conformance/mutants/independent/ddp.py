@@ -64,10 +64,10 @@ class MutantReducer(Reducer):
     def adopted(self) -> None:
         """Called once the reducer has become this class (after its constructor ran)."""
 
-    def _fired(self, when: bool = True) -> None:
+    def _fired(self, n: int | bool = 1) -> None:  # forwarded to the engine, which counts
         engine = self.engine() if self.engine is not None else None
         if engine is not None:
-            engine._fired(when)
+            engine._fired(n)
 
 
 class Correct(DDPLikeAdapter):

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.adapters.ddp_like import DDPLikeAdapter
+from conformance.mutants.firing import Fires
 from conformance.mutants.registry import Registry
 from refimpl.ddp import DistributedDataParallel
 from refimpl.ddp import comm_hooks as hooks
@@ -34,7 +35,7 @@ MUTANTS = Registry("ix-ddp")
 FP16 = torch.float16
 
 
-class Engine(DistributedDataParallel):
+class Engine(Fires, DistributedDataParallel):
     """refimpl's DDP plus a fired count; `_reducer_class` swaps the reducer's class after build."""
 
     _reducer_class: type | None = None
@@ -42,9 +43,6 @@ class Engine(DistributedDataParallel):
     def __init__(self, module, *args, **kwargs):
         self.__dict__["mutation_fired"] = 0  # before nn.Module's __init__: a plain attribute
         super().__init__(module, *args, **kwargs)
-
-    def _fired(self, n: int | bool = 1) -> None:
-        self.__dict__["mutation_fired"] += int(n)
 
     def _build_reducer(self) -> Reducer:
         reducer = super()._build_reducer()

@@ -32,6 +32,7 @@ from conformance.adapters.sharded import (
     refimpl_zero3_kwargs,
     sharded_optimizer,
 )
+from conformance.mutants.firing import Fires
 from conformance.mutants.registry import Registry
 from refimpl.sharded import FullyShardedDataParallel, ShardedDataParallel
 from refimpl.sharded.bucketer import _reduce_scatter_single
@@ -41,11 +42,8 @@ MUTANTS = Registry("ix-sharded")
 MODULE = __name__
 
 
-class _Counting:
-    mutation_fired = 0
-
-    def _fired(self, n: int | bool = 1) -> None:
-        self.mutation_fired += int(n)
+class _Counting(Fires):
+    """The engines here count with the one helper (`conformance.mutants.firing`)."""
 
 
 class Zero3(_Counting, FullyShardedDataParallel):
