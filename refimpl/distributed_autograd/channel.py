@@ -23,7 +23,8 @@ at run time).
 Connections. One TCP connection per (sender, receiver) pair, opened in the background after
 the first call (which goes over RPC, as does every call until the connection is open: [Note:
 connecting never blocks a sender]): the sender asks the receiver for its address and token over
-RPC, connects and presents the token.
+RPC, connects, waits for the receiver's greeting and only then presents the token
+(handshake.py [Note: nothing is written to a listener that did not say who it is]).
 On the receiver a reader thread per connection runs each call in order and writes the answer
 back on the same connection; on the sender a reader thread hands each answer to its callback.
 A call made without a callback asks for no answer (messaging.py [Note: answers nobody
@@ -62,13 +63,11 @@ agent is replaced (shutdown and init again) the old channel is closed.
 
 from __future__ import annotations
 
-import hmac
 import itertools
 import math
 import os
 import secrets
 import socket
-import struct
 import threading
 import time
 import warnings
@@ -77,14 +76,12 @@ from collections.abc import Callable
 import torch
 from torch.distributed import rpc
 
-from . import handlers
-from .connection import Connection, listen_address, read_hello
+from . import handlers, handshake
+from .connection import Connection, listen_address
 from .frames import decode, encode, encode_empty_answer
 from .owed import OwedAnswers, flush_after
 
 ENV = "REFIMPL_DIST_AUTOGRAD_CHANNEL"
-_TOKEN_BYTES = 16
-_HELLO = struct.Struct("!I")  # the sender's worker id, after the token
 _NO_ANSWER = -1  # the sequence number of a call that asks for no answer
 
 OnDone = Callable[[object, "str | None"], None]
@@ -121,7 +118,7 @@ class Channel:
         self._is_current = is_current  # whether this channel's RPC agent is still the process's
         self.agent = agent
         self._lock = threading.Lock()
-        self._token = secrets.token_bytes(_TOKEN_BYTES)
+        self._token = secrets.token_bytes(handshake.TOKEN_BYTES)
         self._listener: socket.socket | None = None
         self._out: dict[int, Connection] = {}
         self._connecting: set[int] = set()
@@ -153,21 +150,25 @@ class Channel:
             return host, port, self._token
 
     def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return  # closed
-            _thread(self._serve, "refimpl-channel-serve", sock)
+        """Accept connections until ``close`` shuts the listener down; then close it here, where
+        it is used (connection.py [Note: a descriptor outlives its users])."""
+        try:
+            while True:
+                try:
+                    sock, _ = listener.accept()
+                except OSError:
+                    return  # shut down
+                _thread(self._serve, "refimpl-channel-serve", sock)
+        finally:
+            listener.close()
 
     def _serve(self, sock: socket.socket) -> None:
-        """Check the token, then run the peer's calls in order, answering each."""
+        """Greet, check the token, then run the peer's calls in order, answering each."""
         _tune(sock)
-        hello = read_hello(sock, _TOKEN_BYTES + _HELLO.size)
-        if hello is None or not hmac.compare_digest(hello[:_TOKEN_BYTES], self._token):
+        peer = handshake.accept(sock, self._token)
+        if peer is None:
             sock.close()
             return
-        (peer,) = _HELLO.unpack(hello[_TOKEN_BYTES:])
         conn = Connection(sock, peer)
         with self._lock:
             if self.closed:
@@ -175,7 +176,7 @@ class Channel:
                 return
             self._served.append(conn)
         try:
-            with conn.reading() as rfile:  # connection.py [Note: the reader closes the socket]
+            with conn.reading() as rfile:  # connection.py [Note: a descriptor outlives its users]
                 self._run_calls(conn, peer, rfile)
         finally:
             with self._lock:
@@ -322,10 +323,8 @@ class Channel:
     def _connect(self, dst: int, fut: torch.futures.Future) -> None:
         try:
             host, port, token = fut.wait()
-            sock = socket.create_connection((host, port), timeout=30.0)
-            sock.settimeout(None)
+            sock = handshake.connect(host, port, token, self.me)  # handshake.py [Note: nothing...]
             _tune(sock)
-            sock.sendall(token + _HELLO.pack(self.me))
         except Exception as exc:
             self._unreachable(dst, f"{exc}")
             return
@@ -351,7 +350,7 @@ class Channel:
         )
 
     def _read_answers(self, conn: Connection) -> None:
-        with conn.reading() as rfile:  # connection.py [Note: the reader closes the socket]
+        with conn.reading() as rfile:  # connection.py [Note: a descriptor outlives its users]
             try:
                 while True:
                     seq, answer, error = decode(rfile)
@@ -444,11 +443,10 @@ class Channel:
         self._watch_wake.set()
         self._owed.write_due(math.inf)  # owed.py [Note: answers that wait]
         if listener is not None:
-            try:  # wakes the thread blocked in accept()
+            try:  # wakes the thread blocked in accept(), which closes the listener
                 listener.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            listener.close()
         for conn in conns:
             conn.close("channel closed")
         if fail_calls:

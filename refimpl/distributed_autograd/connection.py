@@ -1,6 +1,6 @@
 """One TCP connection of the gradient channel (channel.py): ordered writes that never block,
-reads that close the socket when they end; the address the channel listens on
-(``listen_address``: where TensorPipe listens) and the hello a new connection sends first.
+a socket closed by the last thread that uses it; the address the channel listens on
+(``listen_address``: where TensorPipe listens).
 
 [Note: a write never blocks its thread]
 A channel's handlers forward gradients, so a thread that reads from one connection writes to
@@ -13,12 +13,18 @@ returns: what is left is a copy.
 
 A closed connection (by either side, or by a failed write) refuses writes with its cause.
 
-[Note: the reader closes the socket]
-Closing a connection from any thread shuts its socket down, which ends a read blocked on it;
-the file descriptor itself is closed by the thread that reads (``reading()``), when it stops.
-Closed under a reader's feet, its number could be handed to a new socket before the reader's
-next ``recv`` and that read would take another connection's bytes (``socket.makefile``, used
-before, kept the descriptor open for its reader the same way).
+[Note: a descriptor outlives its users]
+Closing a connection from any thread shuts its socket down, which ends a read or a write
+blocked on it; the file descriptor itself is closed by the last thread that uses it outside
+the connection's lock: the thread that reads (``reading()``) and the writer thread, each when it
+stops. Closed under a user's feet, its number can be handed to a new socket (one of
+TensorPipe's, gloo's, or another connection's) before the user's next system call, which then
+reads that socket's bytes or writes a frame into it. Python's socket object does not guard
+this: a thread that has released the GIL to send has already read the number. A frame written
+into a TensorPipe or gloo connection is read there as a length, and allocating it aborts the
+process (``std::bad_alloc``). ``socket.makefile``, used before, kept the descriptor open for its
+reader the same way; the writer thread closed nothing and wrote on a descriptor the reader
+could close.
 """
 
 from __future__ import annotations
@@ -49,23 +55,6 @@ def listen_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
-
-
-def read_hello(sock: socket.socket, size: int) -> bytes | None:
-    """The first ``size`` bytes a new connection must send (the channel's token and the
-    sender's worker id), within 30 s; ``None`` when they do not come."""
-    sock.settimeout(30.0)
-    hello = b""
-    try:
-        while len(hello) < size:
-            chunk = sock.recv(size - len(hello))
-            if not chunk:
-                return None
-            hello += chunk
-    except OSError:
-        return None
-    sock.settimeout(None)
-    return hello
 
 
 class _SocketReader(io.RawIOBase):
@@ -103,21 +92,25 @@ class Connection:
         self._ready = threading.Condition(self._lock)
         self._pending: deque = deque()  # frames' bytes not yet written (copies), in order
         self._writer: threading.Thread | None = None
-        self._reading = False  # a thread reads rfile: it closes the socket ([Note: the reader...])
+        # threads that use the socket outside the lock: the last one to stop closes it
+        # ([Note: a descriptor outlives its users])
+        self._reading = False
+        self._writing = False
 
     @contextlib.contextmanager
     def reading(self, why: str = "its reader stopped"):
         """``with conn.reading():`` around a thread's reads of ``rfile``; on leaving, the
-        connection is closed (``why``, unless it was already) and its socket with it."""
+        connection is closed (``why``, unless it was already), and its socket with it unless
+        the writer thread still runs ([Note: a descriptor outlives its users])."""
         with self._lock:
-            self._reading = True
+            if self.closed is None:
+                self._reading = True
         try:
             yield self.rfile
         finally:
             with self._lock:
                 self._reading = False
                 self._close_locked(why)
-                self.sock.close()  # (closing twice is harmless)
 
     def write(self, frame: tuple[list, list]) -> None:
         """Write ``frame`` now as far as the socket takes it; the rest is copied and left to the
@@ -147,10 +140,22 @@ class Connection:
                     name=f"refimpl-channel-writer-{self.peer}",
                     daemon=True,
                 )
+                self._writing = True
                 self._writer.start()
             self._ready.notify()
 
     def _write_pending(self) -> None:
+        """The writer thread: writes what ``write`` left, in order, until the connection
+        closes; then closes the socket if the reader has stopped ([Note: a descriptor outlives
+        its users])."""
+        try:
+            self._write_until_closed()
+        finally:
+            with self._lock:
+                self._writing = False
+                self._close_locked("its writer stopped")
+
+    def _write_until_closed(self) -> None:
         while True:
             with self._lock:
                 while not self._pending and self.closed is None:
@@ -174,14 +179,15 @@ class Connection:
             self._close_locked(why)
 
     def _close_locked(self, why: str) -> None:
-        if self.closed is not None:
-            return
-        self.closed = why
-        self._pending.clear()
-        self._ready.notify_all()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # ends a read blocked on it
-        except OSError:
-            pass
-        if not self._reading:  # else its reader closes it: [Note: the reader closes the socket]
-            self.sock.close()
+        """Close (caller holds the lock); the socket itself once no thread uses it ([Note: a
+        descriptor outlives its users]). Called again by each user as it stops."""
+        if self.closed is None:
+            self.closed = why
+            self._pending.clear()
+            self._ready.notify_all()
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)  # ends a read or write blocked on it
+            except OSError:
+                pass
+        if not self._reading and not self._writing:
+            self.sock.close()  # (closing twice is harmless)

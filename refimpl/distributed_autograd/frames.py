@@ -22,6 +22,17 @@ tail=tensors)`` sends the list as the frame's tensors and pickles ``obj`` with t
 pickler; ``decode(rfile, tensors_out)`` puts them back in ``tensors_out`` (no call per tensor
 either way), and the channel hands them to the handler as its last argument. ``obj`` must then
 hold no tensor of its own.
+
+[Note: a header is checked before it is trusted]
+A frame's header says how many bytes follow; a reader that believed a wrong one would allocate
+it. Bytes that are not a frame header reach ``decode`` only through a fault (a stream read from
+the wrong place, a frame cut short), and the same bytes written into another protocol's stream
+are how a ``std::bad_alloc`` kills a process: TensorPipe and gloo read a length first and
+allocate it (the channel's other side of this is connection.py [Note: a descriptor outlives its
+users] and handshake.py). So every header starts with a magic word and ends with a CRC-32 of
+itself, the layout's size and the number of raw buffers are bounded, and every buffer size must
+be the one its layout's shapes and dtypes give, all before a byte is allocated; any of these
+failing raises :class:`FrameError`, which says what was read.
 """
 
 from __future__ import annotations
@@ -33,13 +44,30 @@ import math
 import pickle
 import struct
 import threading
+import zlib
 
 import torch
 
 from .._torch_compat import flatten_dense
 
-_HEADER = struct.Struct("!IQI")  # layout length, pickle length, number of raw buffers
+# magic, layout length, pickle length, number of raw buffers; then a CRC-32 of those 20 bytes
+_MAGIC = b"RDA1"
+_FIELDS = struct.Struct("!4sIQI")
+_CHECK = struct.Struct("!I")
+_HEADER = struct.Struct("!4sIQII")
 _EMPTY_ANSWER = 0xFFFFFFFF  # a header's layout length that marks an empty answer
+_MAX_BUFFERS = 64  # raw buffers per frame at most: one per dtype (torch has fewer dtypes)
+_MAX_LAYOUT = 1 << 26  # bytes of a frame's layout at most (64 MiB: ~millions of tensors)
+
+
+class FrameError(ConnectionError):
+    """What was read is not a frame of this channel (see [Note: a header is checked before it
+    is trusted]); the connection it came from cannot be read any further."""
+
+
+def _header(meta_len: int, body_len: int, count: int) -> bytes:
+    fields = _FIELDS.pack(_MAGIC, meta_len, body_len, count)
+    return fields + _CHECK.pack(zlib.crc32(fields))
 
 
 def carries(tensors) -> bool:
@@ -111,7 +139,7 @@ def encode(obj, tail: list | None = None) -> tuple[list, list]:
             _encoding.tensors = None
         body = out.getbuffer()
     if not tensors and tail is None:
-        return [memoryview(_HEADER.pack(len(_NO_LAYOUT), len(body), 0)), _NO_LAYOUT_VIEW, body], []
+        return [memoryview(_header(len(_NO_LAYOUT), len(body), 0)), _NO_LAYOUT_VIEW, body], []
     if len(tensors) == 1:  # the usual gradient message: no grouping, no copy, layout cached
         flat = _values(tensors[0])
         key = (flat.dtype, flat.shape)
@@ -123,7 +151,7 @@ def encode(obj, tail: list | None = None) -> tuple[list, list]:
                 )
             )
         view = _bytes_of(flat)
-        head = _HEADER_ONE.pack(len(meta), len(body), 1, view.nbytes)
+        head = _header(len(meta), len(body), 1) + _ONE_SIZE.pack(view.nbytes)
         return [memoryview(head), memoryview(meta), body, view], [flat]
     else:
         groups: dict[torch.dtype, list[int]] = {}
@@ -137,10 +165,10 @@ def encode(obj, tail: list | None = None) -> tuple[list, list]:
                 flats.append(_values(parts[0]) if len(parts) == 1 else _flatten(parts, shapes))
                 layout.append((members, shapes))
     meta = pickle.dumps(([_dtype_name(f.dtype) for f in flats], layout), protocol=5)
-    if len(meta) >= _EMPTY_ANSWER:
+    if len(meta) > _MAX_LAYOUT:
         raise ValueError(f"a message with {len(tensors)} tensors is too large for one frame")
     views = [_bytes_of(f) for f in flats]
-    head = _HEADER.pack(len(meta), len(body), len(views)) + struct.pack(
+    head = _header(len(meta), len(body), len(views)) + struct.pack(
         f"!{len(views)}Q", *(v.nbytes for v in views)
     )
     return [memoryview(head), memoryview(meta), body, *views], flats
@@ -156,7 +184,6 @@ def _values(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-_HEADER_ONE = struct.Struct("!IQIQ")  # the header of a frame of one tensor, with its size
 # Layouts by (dtype, shape) of a lone tensor (encode) and by their bytes (decode): a message's
 # layout repeats from pass to pass, and reading or writing it anew costs a pickle each way.
 _ONE_META: dict = {}
@@ -236,7 +263,7 @@ def _read_exact(rfile, n: int) -> bytearray:
 def encode_empty_answer(seq: int) -> tuple[list, list]:
     """The frame of the answer ``(seq, None, None)``: a header alone (most answers are empty:
     a gradient message's answer only says it was handled; no pickle to write or read)."""
-    return [memoryview(_HEADER.pack(_EMPTY_ANSWER, seq, 0))], []
+    return [memoryview(_header(_EMPTY_ANSWER, seq, 0))], []
 
 
 _HEADER_SIZE = _HEADER.size
@@ -252,9 +279,16 @@ def decode(rfile, tensors_out: list | None = None):
     header = rfile.read(_HEADER_SIZE)
     if len(header) != _HEADER_SIZE:
         raise ConnectionError("connection closed by peer (EOF)")
-    meta_len, body_len, count = _HEADER.unpack(header)
+    magic, meta_len, body_len, count, check = _HEADER.unpack(header)
+    if magic != _MAGIC or zlib.crc32(header[:-4]) != check:
+        raise FrameError(f"not a frame header (magic or check sum wrong): {header.hex()}")
     if meta_len == _EMPTY_ANSWER:
         return body_len, None, None
+    if count > _MAX_BUFFERS or meta_len > _MAX_LAYOUT:
+        raise FrameError(
+            f"a frame header announces {count} raw buffers and a {meta_len}-byte layout (at most "
+            f"{_MAX_BUFFERS} and {_MAX_LAYOUT}): {header.hex()}"
+        )
     size = 8 * count + meta_len + body_len
     head = rfile.read(size)  # buffer sizes, layout, pickle: one read
     if len(head) != size:
@@ -265,13 +299,12 @@ def decode(rfile, tensors_out: list | None = None):
     meta = head[8 * count : meta_end]
     parsed = _LAYOUTS.get(meta)
     if parsed is None:
-        names, layout = pickle.loads(meta)
-        parsed = _remember(
-            _LAYOUTS, meta, ([_dtype(n) for n in names], layout, sum(len(m) for m, _ in layout))
-        )
-    dtypes, layout, total = parsed
+        parsed = _remember(_LAYOUTS, meta, _parse_layout(meta))
+    dtypes, layout, total, sizes = parsed
     if count == 1 and total == 1:  # one tensor: its bytes, viewed in its shape
         (n,) = _ONE_SIZE.unpack_from(head)
+        if (n,) != sizes:
+            _wrong_sizes((n,), sizes)
         if n:  # a buffered reader's readinto fills the buffer unless the stream ends
             data = bytearray(n)
             if rfile.readinto(data) != n:
@@ -281,7 +314,10 @@ def decode(rfile, tensors_out: list | None = None):
             flat = torch.empty(0, dtype=dtypes[0])
         tensors = [flat.view(layout[0][1][0])]
     else:
-        tensors = _tensors(rfile, struct.unpack_from(f"!{count}Q", head), dtypes, layout, total)
+        got = struct.unpack_from(f"!{count}Q", head)
+        if got != sizes:
+            _wrong_sizes(got, sizes)
+        tensors = _tensors(rfile, got, dtypes, layout, total)
     if tensors_out is not None:
         tensors_out.extend(tensors)
     _decoding.tensors = tensors
@@ -292,6 +328,27 @@ def decode(rfile, tensors_out: list | None = None):
 
 
 _ONE_SIZE = struct.Struct("!Q")
+
+
+def _parse_layout(meta: bytes) -> tuple:
+    """A frame's layout as (dtypes, [(members, shapes)] per dtype, number of tensors, the byte
+    size of each raw buffer that the shapes and dtypes give)."""
+    names, layout = pickle.loads(meta)
+    dtypes = [_dtype(n) for n in names]
+    if len(dtypes) != len(layout):
+        raise FrameError(f"a frame's layout names {len(dtypes)} dtypes for {len(layout)} buffers")
+    sizes = tuple(
+        sum(math.prod(shape) for shape in shapes) * dtype.itemsize
+        for dtype, (_, shapes) in zip(dtypes, layout, strict=True)
+    )
+    return dtypes, layout, sum(len(m) for m, _ in layout), sizes
+
+
+def _wrong_sizes(got: tuple, expected: tuple) -> None:
+    raise FrameError(
+        f"a frame announces raw buffers of {list(got)} bytes where its layout gives "
+        f"{list(expected)}"
+    )
 
 
 def _tensors(rfile, sizes, dtypes, layout, total) -> list:

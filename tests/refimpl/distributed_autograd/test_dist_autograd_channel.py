@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from refimpl.distributed_autograd import channel as channel_mod
-from refimpl.distributed_autograd import handlers
+from refimpl.distributed_autograd import handlers, handshake
 from refimpl.distributed_autograd.channel import Channel
 from refimpl.distributed_autograd.connection import Connection
 
@@ -151,8 +151,9 @@ def test_an_exception_in_the_call_comes_back_as_its_error(pair):
 
 
 def test_a_connection_without_the_token_is_closed_unread(pair):
-    host, port, _ = pair[1].address()
+    host, port, token = pair[1].address()
     with socket.create_connection((host, port)) as sock:
+        assert handshake.read_exactly(sock, 24) == handshake.greeting(token)  # it speaks first
         sock.sendall(b"\0" * 20)
         sock.settimeout(30)
         assert sock.recv(1) == b"", "the listener must close a connection with a wrong token"

@@ -102,7 +102,7 @@ def test_a_connection_reads_frames_through_the_sockets_recv_into_and_sees_the_en
 
 
 def test_closing_under_a_reader_leaves_the_socket_to_the_reader():
-    """connection.py [Note: the reader closes the socket]: a close from another thread ends a
+    """connection.py [Note: a descriptor outlives its users]: a close from another thread ends a
     blocked read but leaves the file descriptor to the reading thread (a number closed under
     it could be reused by a new socket before its next read); the reader closes it on
     leaving. Without a reader, close closes the socket at once."""
@@ -132,3 +132,51 @@ def test_closing_under_a_reader_leaves_the_socket_to_the_reader():
     assert c.fileno() == -1
     b.close()
     d.close()
+
+
+class _HeldSocket:
+    """A socket whose blocking ``sendmsg`` (the writer thread's) waits until released."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.sending = threading.Event()
+        self.release = threading.Event()
+
+    def sendmsg(self, pieces, *args):
+        if not args:  # the writer thread's call (``write`` sends with MSG_DONTWAIT)
+            self.sending.set()
+            self.release.wait(10)
+        return self._sock.sendmsg(pieces, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def test_the_descriptor_stays_open_while_the_writer_thread_may_still_send():
+    """connection.py [Note: a descriptor outlives its users]: when the reader stops while the
+    writer thread is about to send, the descriptor must stay open until the writer stops (its
+    number, freed, could be a TensorPipe socket by the time the send happens)."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    held = _HeldSocket(a)
+    conn = Connection(a, peer=1)
+    conn.sock = held
+    done = threading.Event()
+
+    def read():
+        with conn.reading() as rfile:
+            while rfile.read(1):
+                pass
+        done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    conn.write(([memoryview(b"\x01" * (1 << 20))], []))  # more than the socket takes at once
+    assert held.sending.wait(10), "the writer thread never started"
+    b.shutdown(socket.SHUT_WR)  # the peer leaves: the reader sees the end and stops
+    assert done.wait(10)
+    assert a.fileno() != -1, "the reader closed the descriptor the writer thread is about to use"
+    held.release.set()
+    conn._writer.join(10)
+    assert a.fileno() == -1, "the last user (the writer) must close it"
+    b.close()

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 
-from refimpl.distributed_autograd.frames import carries, decode, encode, encode_empty_answer
+from refimpl.distributed_autograd.frames import (
+    FrameError,
+    carries,
+    decode,
+    encode,
+    encode_empty_answer,
+)
 
 
 def _round_trip(obj):
@@ -95,7 +102,7 @@ def test_lazy_conjugate_and_negative_views_arrive_as_their_values():
 
 def test_an_empty_answer_is_a_header_alone_and_reads_back():
     pieces, _ = encode_empty_answer(12345)
-    assert len(pieces) == 1 and pieces[0].nbytes == 16
+    assert len(pieces) == 1 and pieces[0].nbytes == 24  # magic, sizes, check sum
     stream = io.BytesIO(b"".join(bytes(p) for p in (*pieces, *encode((7, "x", None))[0])))
     assert decode(stream) == (12345, None, None)
     assert decode(stream) == (7, "x", None)  # the next frame is read from the right place
@@ -126,3 +133,57 @@ def test_layouts_are_cached_but_each_frame_reads_its_own_values_and_shape():
         got = decode(io.BytesIO(b"".join(bytes(p) for p in pieces)), tail)
         assert got == (9, "f", (1,), None, True)
         assert len(tail) == 1 and tail[0].dtype == t.dtype and torch.equal(tail[0], t)
+
+
+# [Note: a header is checked before it is trusted] ------------------------------------------------
+def _frame_bytes(obj, tail=None) -> bytes:
+    pieces, _ = encode(obj, tail)
+    return b"".join(bytes(p) for p in pieces)
+
+
+class _CountingReader(io.BytesIO):
+    """A stream that records the largest read asked of it."""
+
+    largest = 0
+
+    def read(self, n=-1):
+        self.largest = max(self.largest, n)
+        return super().read(n)
+
+
+@pytest.mark.parametrize("garbage", [
+    bytes(range(24)),  # another protocol's bytes
+    b"\x9c\x1f\xe2\x00" * 6,
+])
+def test_bytes_that_are_not_a_frame_header_raise_before_anything_is_allocated(garbage):
+    stream = _CountingReader(garbage + b"\0" * 64)
+    with pytest.raises(FrameError, match="not a frame header"):
+        decode(stream)
+    assert stream.largest == 24
+
+
+def test_a_header_read_from_the_wrong_place_raises():
+    """A frame read a few bytes late (a partial read taken as whole, another thread's read):
+    what is there is not a header."""
+    data = _frame_bytes((1, "x"), [torch.randn(8)]) * 2
+    for shift in (1, 4, 8, 23):
+        with pytest.raises(FrameError):
+            decode(io.BytesIO(data[shift:]))
+
+
+def test_buffer_sizes_that_do_not_fit_the_layout_raise_before_they_are_read():
+    """The raw buffer sizes follow the header: they must be the ones the layout's shapes and
+    dtypes give (a huge one would be allocated otherwise)."""
+    from refimpl.distributed_autograd import frames
+
+    data = bytearray(_frame_bytes((1,), [torch.randn(8)]))  # one buffer: 64 bytes
+    size_at = frames._HEADER.size
+    data[size_at:size_at + 8] = (1 << 62).to_bytes(8, "big")
+    stream = _CountingReader(bytes(data))
+    with pytest.raises(FrameError, match=r"raw buffers of \[4611686018427387904\] bytes where its layout gives \[32\]"):
+        decode(stream)
+    assert stream.largest < 1 << 20
+    many = bytearray(_frame_bytes((1,), [torch.randn(2), torch.zeros(2, dtype=torch.int64)]))
+    many[size_at + 8:size_at + 16] = (7).to_bytes(8, "big")
+    with pytest.raises(FrameError, match="where its layout gives"):
+        decode(io.BytesIO(bytes(many)))
