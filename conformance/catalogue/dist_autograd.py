@@ -58,6 +58,8 @@ def scenarios() -> list[Scenario]:
         make("simple", 3, FULL),
         make("round-trip", 3, FULL),
         make("fan-out", 3, FULL, seed=1).with_(id="dist_autograd/fan-out/w3/fp64/seed1"),
+        make("contexts-meet", 3, description="worker0 and worker1 each open a context whose graph "
+             "meets the other's on worker2 (w2): ids unique across workers, gradients kept apart"),
     ] + CLAUSE_SCENARIOS + torch_suite_finding_scenarios() + repeated_and_combined_use_scenarios())
 
 
@@ -78,6 +80,8 @@ KIND_CLAUSES = {
     "accumulate-hooks-retained": ("A5", "A17"), "tensor-free-single": ("A15",),
     "chain-structures": ("A9", "A11"), "rref-arg": ("A12",), "torchscript-async": ("A10", "A14"),
     "tensor-free-twice": ("A15",), "retain-graph-structures": ("A5", "A9"), "shared-grad-retained": ("A5", "A16"),
+    # issue 40's
+    "contexts-meet": ("A11", "A18"),
 }
 CLAUSE_SCENARIOS = [
     make("async", 3, STANDARD, seed=2, description="two rpc_async calls in flight at once (A10 in standard)")

@@ -448,6 +448,21 @@ RETAINED = {"retain-graph": 4, "retain-graph-simple": 3, "accumulate-hooks-retai
             "retain-graph-structures": 3, "shared-grad-retained": 3}
 
 
+# -- issue 40: contexts opened on two workers meet on a third (A18) ---------------------------------
+PEER_SEED = 1000  # worker1's leaves in `contexts-meet` are those of seed + PEER_SEED
+
+
+def contexts_meet(mode, seed, L):
+    """What each of the two callers (worker0, and worker1 in a context of its own) runs: its
+    leaves through worker2's parameter w2, so both contexts' graphs meet on worker2
+    (conformance/runners/dist_autograd_meet.py)."""
+    y = call(mode, "worker2", scale_by_param, (mode, seed, L["x"] * L["w"], "w2"))
+    return [(y * L["w"]).sum()]
+
+
+COMPOSITIONS["contexts-meet"] = contexts_meet
+
+
 def passes(kind: str) -> int:
     """How many backward passes the runner makes in one context of composition `kind`."""
     return RETAINED.get(kind, 1)

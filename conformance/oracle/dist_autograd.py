@@ -13,14 +13,16 @@ from conformance.models import dist_autograd as fns
 from conformance.spec import Scenario
 
 
-def oracle(scenario: Scenario, kind: str) -> dict:
-    """Local autograd over the same composition: {name: grad or None} (None: unused)."""
+def oracle(scenario: Scenario, kind: str, caller: int = 0) -> dict:
+    """Local autograd over the same composition: {name: grad or None} (None: unused).
+    `caller`: the worker whose context runs it, with its own leaves (`contexts-meet`: worker 1's
+    are those of seed + PEER_SEED)."""
     seed = scenario.seed
-    leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
+    leaves = fns.leaves(seed + caller * fns.PEER_SEED, fns.LEAVES.get(kind, ("x", "w")))
     fns.reset_params("local")
     roots = fns.COMPOSITIONS[kind]("local", seed, leaves)
     params = fns.owned_params("local", seed)
-    named = {f"{n}@worker0": t for n, t in leaves.items()}
+    named = {f"{n}@worker{caller}": t for n, t in leaves.items()}
     named.update({f"{n}@worker{fns.owner(n)}": t for n, t in params.items()})
     grads = torch.autograd.grad(roots, list(named.values()), allow_unused=True)
     return {n: (None if g is None else g.detach().clone()) for n, g in zip(named, grads, strict=True)}

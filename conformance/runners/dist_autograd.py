@@ -32,89 +32,25 @@ from conformance.judge.compare import ConformanceError, Mismatch, compare_dicts,
 from conformance.judge.contract import Checked, repro_command
 from conformance.models import dist_autograd as fns
 from conformance.oracle.dist_autograd import oracle
+from conformance.runners.dist_autograd_meet import run_meet
+from conformance.runners.dist_autograd_workers import (
+    CLEANUP_QUIET_S,
+    _all_grads,
+    _debug_infos,
+    _wait_clean,
+    fetch_debug_info,
+    fetch_grads,
+)
 from conformance.spec import Scenario
 from refimpl import _torch_compat as compat
 
 fns.use_loader(registry.load)  # [Note: an adapter by its mode] (conformance/models/dist_autograd.py)
 
-# Contexts are released by asynchronous RPC messages, which a loaded machine can delay: the
-# wait ends when every worker is clean, when the leftovers have not changed for CLEANUP_QUIET_S
-# (a leak stays put), or at CLEANUP_WAIT_S in all.
-CLEANUP_QUIET_S = 10.0
-CLEANUP_WAIT_S = 60.0
 ERROR_NODE = 2  # remote-error: worker2's backward raises
 ERROR_TEXT = "Simulate error on backward pass"
 
 
-# -- on the workers ------------------------------------------------------------------------------
-def _named_grads(adapter, mode: str, seed: int, context_id: int, rank: int, local_leaves: dict) -> dict:
-    """This worker's gradients in `context_id`, by name; a worker without the context has none."""
-    try:
-        grads = adapter.get_gradients(context_id)
-    except Exception as exc:  # noqa: BLE001 - no context here: nothing reached this worker
-        if re.search(r"(?i)context", str(exc)):
-            return {}
-        raise
-    names = {id(t): f"{n}@worker{rank}" for n, t in local_leaves.items()}
-    names.update({id(t): f"{n}@worker{rank}" for n, t in fns.owned_params(mode, seed).items()})
-    out, unnamed = {}, 0
-    for t, g in grads.items():
-        name = names.get(id(t))
-        if name is None:
-            name = f"<unnamed tensor {unnamed} of shape {tuple(t.shape)}>@worker{rank}"
-            unnamed += 1
-        out[name] = g.detach().to("cpu", copy=True)
-    return out
-
-
-def fetch_grads(mode: str, seed: int, context_id: int) -> dict:
-    from torch.distributed import rpc
-
-    adapter = fns.adapter_for(mode)
-    return _named_grads(adapter, mode, seed, context_id, rpc.get_worker_info().id, {})
-
-
-def fetch_debug_info(mode: str) -> dict:
-    return dict(fns.adapter_for(mode).debug_info())
-
-
-def _all_grads(adapter, mode, seed, context_id, leaves, world_size) -> dict:
-    from torch.distributed import rpc
-
-    out = _named_grads(adapter, mode, seed, context_id, 0, leaves)
-    for k in range(1, world_size):
-        out.update(rpc.rpc_sync(f"worker{k}", fetch_grads, args=(mode, seed, context_id)))
-    return out
-
-
-def _debug_infos(mode: str, world_size: int) -> dict:
-    from torch.distributed import rpc
-
-    return {k: rpc.rpc_sync(f"worker{k}", fetch_debug_info, args=(mode,)) for k in range(world_size)}
-
-
-def _wait_clean(mode: str, world_size: int, before: dict | None = None) -> dict:
-    """Every worker's debug info once no context and no pass is left, or once the leftovers
-    have stopped changing (see CLEANUP_QUIET_S).
-
-    `before`: the workers' context counts when the case started. A context a known-bad
-    implementation leaked in an earlier case of the same warm pool stays there; it is that
-    case's failure, so only contexts beyond those count here (a leak of this case still shows)."""
-    start = changed_at = time.monotonic()
-    previous = None
-    base = {k: int((before or {}).get(k, {}).get("num_autograd_contexts", 0)) for k in range(world_size)}
-    while True:
-        infos = _debug_infos(mode, world_size)
-        left = {k: i for k, i in infos.items()
-                if int(i.get("num_autograd_contexts", 0)) > base[k] or int(i.get("num_current_backward_passes", 0))}
-        now = time.monotonic()
-        if left != previous:
-            previous, changed_at = left, now
-        if not left or now - changed_at > CLEANUP_QUIET_S or now - start > CLEANUP_WAIT_S:
-            return {"clean": not left, "left": left}
-        time.sleep(0.05)
-
-
+# -- on the workers: gradients by name, debug info, cleanup (dist_autograd_workers.py) ------------
 def _one_context(adapter, mode, scenario: Scenario, kind: str, passes: int) -> dict:
     seed = scenario.seed
     leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
@@ -161,7 +97,10 @@ def run(payload, ctx) -> dict:
         kind = scenario.model
         passes = fns.passes(kind)
         t0 = time.perf_counter()
-        record["main"] = _one_context(adapter, mode, scenario, kind, passes)
+        if kind == "contexts-meet":  # two callers (A18): dist_autograd_meet.py
+            record["main"] = run_meet(adapter, mode, scenario)
+        else:
+            record["main"] = _one_context(adapter, mode, scenario, kind, passes)
         if kind == "remote-error":
             record["after"] = _one_context(adapter, mode, scenario, "simple", 1)
         record["seconds"] = time.perf_counter() - t0
@@ -230,6 +169,30 @@ def _compare_passes(scenario, adapter_spec, kind, rec, expected_once, repro, lab
     return count + 2
 
 
+def _judge_meet(scenario, adapter_spec: str, rec: dict, repro: str) -> Checked:
+    """The two ids differ, neither side raised, each context holds its own pass's gradients."""
+    where = f"[{scenario.id}] adapter {adapter_spec}"
+    ids, level = rec["ids"], rec["level"]
+    if ids.get(0) is not None and ids.get(0) == ids.get(1):
+        raise ConformanceError(
+            f"{where}: contexts opened on worker0 and worker1 got the same id {ids[0]} (after "
+            f"both had opened as many contexts; last ids before {level['last_ids']}): context ids "
+            "must be unique across workers (torch puts the worker id in their top 16 bits), or "
+            f"the contexts mix on worker2 where their graphs meet\n  repro: {repro}")
+    for who, error in (("worker1's", rec["peer"]["error"]), ("worker0's", rec["error"])):
+        if error:
+            raise ConformanceError(
+                f"{where}: with contexts of worker0 and worker1 open on worker2 at once, {who} "
+                f"context raised {error[:2000]}\n  repro: {repro}")
+    count = _compare_passes(scenario, adapter_spec, "contexts-meet", rec,
+                                   oracle(scenario, "contexts-meet"), repro, " (worker0's context)")
+    peer = {"passes": [rec["peer"]["grads"]], "dot_grad": [], "cleanup": {"clean": True}}
+    count += _compare_passes(scenario, adapter_spec, "contexts-meet", peer,
+                                    oracle(scenario, "contexts-meet", caller=1), repro,
+                                    " (worker1's context)")
+    return Checked(count + 1, details={"seconds": rec.get("seconds")})
+
+
 def _layout_mismatches(expected: dict, actual: dict) -> dict[str, str]:
     """{name: "expected L1, got L2"} where a gradient's layout (strided/sparse) is not local autograd's."""
     out = {}
@@ -252,6 +215,8 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: rank 0 raised\n{rec['crash']}  repro: {repro}")
     kind = scenario.model
     main = rec["main"]
+    if kind == "contexts-meet":
+        return _judge_meet(scenario, adapter_spec, main, repro)
     if kind == "remote-error":
         message = main["error"]
         if message is None:

@@ -92,3 +92,9 @@ def test_issue16_known_bad_is_caught(session, kind):
     with pytest.raises(ConformanceError) as info:
         check(ISSUE16[kind], f"conformance.adapters.dist_autograd:{mutant}", session)
     assert expected in str(info.value), str(info.value)[:2000]
+
+
+@pytest.mark.slow
+def test_torch_keeps_contexts_of_two_workers_apart(session):
+    """A18: torch's own engine passes contexts-meet (ids 2^48 apart: never levelled)."""
+    assert check(_get("dist_autograd/contexts-meet/w3/fp64"), "torch-dist-autograd", session).comparisons >= 7
