@@ -16,7 +16,11 @@ after the k-th of k retained passes it is k times that. The record is compared p
 The `remote-error` scenario instead requires the backward to raise on the caller with
 "Error on Node 2" (the worker whose backward failed; torch prefixes one "Error on Node N: " per
 hop back, so the innermost one counts) and the original message, no context left
-behind anywhere, and a following backward in a new context to be right.
+behind anywhere, and a following backward in a new context to be right. `contexts-meet`
+(A18) has a second caller, worker 1 (dist_autograd_meet.py): its context's id must differ from
+worker 0's, and each context is compared with local autograd over its own caller's leaves.
+The readers every worker runs (gradients by name, debug info, the cleanup wait) are in
+dist_autograd_workers.py.
 """
 
 from __future__ import annotations
