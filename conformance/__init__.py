@@ -1,3 +1,3 @@
 """gradparity conformance suite: proves a data-parallel implementation trains like one process."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -13,10 +13,15 @@ report hook ships its one serialized form (`CaseResult.record()`) to the control
 `user_properties` (the channel xdist carries) where the reports are written.
 """
 
+# ruff: noqa: E402 - the suite check (conformance.frontends.extras) runs before the imports it guards
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+
+from conformance.frontends.extras import require
+
+require("the gradparity pytest plugin (conformance.frontends.plugin)")  # one line, before what it would fail on
 
 import pytest
 
