@@ -59,6 +59,21 @@ def test_the_pyproject_keeps_refimpl_torch_only():
     assert project["scripts"]["gradparity"] == "conformance.frontends.extras:main"
 
 
+def test_every_data_file_of_the_packages_is_packaged():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [p for pkg in ("conformance", "refimpl") for p in (root / pkg).rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    unpackaged = [str(p.relative_to(root)) for p in data
+                  if not any(fnmatch.fnmatch(str(p.relative_to(root / p.relative_to(root).parts[0])), g)
+                             for g in globs.get(p.relative_to(root).parts[0], []))]
+    assert data and not unpackaged, f"data files a wheel would leave out (pyproject package-data): {unpackaged}"
+
+
 def test_refimpl_imports_nothing_of_the_suite_s_dependencies(tmp_path):
     code = ("import sys, refimpl, refimpl.ddp, refimpl.sharded, refimpl.data_parallel, refimpl.distributed_autograd; "
             "print(sorted(m for m in ('pytest', 'xdist', 'rich', 'conformance') if m in sys.modules))")
