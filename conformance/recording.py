@@ -162,6 +162,36 @@ def _rules(case, result) -> list[dict]:
     return [rule, rule_of(EXACT, "construction: every rank holds rank 0's values")]
 
 
+def _key(e: dict) -> str:
+    return "|".join(str(e[k]) for k in ("point", "step", "micro", "kind", "name", "rank"))
+
+
+def oracle_expected(judged: dict | None, keys: set[str]) -> dict[str, dict]:
+    """What the oracle accepted for each recorded tensor, by entry key: `{"values": t}` (bitwise),
+    or an envelope's `candidates` and/or `center` and `radius` (conformance.envelope.Envelope).
+
+    The rule of one case at one step, derived from that run's own shares: `compare --tolerance
+    oracle` judges a moved tensor by it, never by the straight-through band. Tensors shared by
+    every rank (one envelope object) are stored once by torch.save."""
+    from conformance.oracle.envelope import Envelope
+
+    out, copies = {}, {}
+
+    def plain(t):  # one copy per tensor object, however many ranks expect it
+        return copies.setdefault(id(t), (t, _plain(t)))[1]
+
+    for key, value in (judged or {}).items():
+        k = "|".join(str(x) for x in key)
+        if k not in keys or value is None:
+            continue
+        if isinstance(value, Envelope):
+            out[k] = {name: plain(getattr(value, name)) for name in ("candidates", "center", "radius")
+                      if getattr(value, name) is not None}
+        elif isinstance(value, torch.Tensor):
+            out[k] = {"values": plain(value)}
+    return out
+
+
 # -- writing -------------------------------------------------------------------------------------
 def _file_name(case_id: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", case_id)[:120]
@@ -234,6 +264,7 @@ class Recorder:
             "failure_class": result.failure.failure_class.value if result.failure is not None else None,
             "rank_errors": {str(r): str(e)[:500] for r, e in errors.items()},
             "rules": _rules(case, result), "packed": pack(entries, tensors),
+            "oracle": oracle_expected(getattr(result.checked, "expected", None), {_key(e) for e in entries}),
         }
         path = os.path.join(self.directory, CASES, _file_name(case.id))
         _atomic(path, lambda tmp: torch.save(doc, tmp))

@@ -107,6 +107,9 @@ class Scaling(str, enum.Enum):
 
     PRE = "pre"  # torch DDP: every rank scales its share, then the shares are summed
     POST = "post"  # the shares are summed, then the sum is scaled
+    # Undeclared (a `--ddp-class` class without `gradparity_semantics`): both are exact averages,
+    # so either passes, and the report says which one the engine matched ([Note: which placement of 1/W]).
+    EITHER = "pre-or-post"
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,9 @@ class Semantics:
             if f.name in ("sources", "lossy", "communication", "clipping", "loss_scaler", "mixed_accumulation"):
                 continue
             ours, theirs = getattr(self, f.name), getattr(TORCH_DDP, f.name)
-            if ours != theirs:
+            if ours == Scaling.EITHER:
+                out.append("scaling: not declared, either exact placement of 1/W accepted (torch DDP: pre)")
+            elif ours != theirs:
                 out.append(f"{f.name}: {ours.value} (torch DDP: {theirs.value})")
         if self.mixed_accumulation != MixedAccumulation.REDUCE_DTYPE:
             out.append(f"no_sync() accumulation under a mixed-precision policy: in {self.mixed_accumulation.value} "

@@ -113,6 +113,7 @@ class DDPLikeAdapter:
         version: str,
         capabilities: frozenset[Capability] = DDP_CAPABILITIES,
         comm_hooks: Callable[[], dict[str, Callable]] = torch_comm_hooks,
+        semantics=None,
     ):
         self.name, self.cls, self.version = name, cls, version
         declared = getattr(cls, "gradparity_capabilities", None)
@@ -123,6 +124,8 @@ class DDPLikeAdapter:
         # Declared bitwise run-to-run determinism (checked by the `determinism` scenarios).
         self.deterministic = bool(getattr(cls, "gradparity_deterministic", False))
         self._comm_hooks = comm_hooks
+        if semantics is not None:
+            self.semantics = semantics
 
     def unavailable(self, scenario) -> str | None:
         """Why a scenario cannot run here at all (a skip with the reason, never a pass)."""
@@ -168,6 +171,26 @@ class DDPLikeAdapter:
                 raise ValueError(f"{self.name}: no comm hook named {options.comm_hook!r}; known: {sorted(hooks)}")
             ddp.register_comm_hook(ctx.group, hooks[options.comm_hook])
         return DDPLikeWrapped(ddp)
+
+
+def class_semantics(cls: type):
+    """The rules a `--ddp-class` class declares in `gradparity_semantics` (next to
+    `gradparity_capabilities`): a `conformance.semantics.Semantics`, or only where it applies
+    1/W (a `Scaling`, or "pre" / "post"). Undeclared: either exact placement of 1/W passes
+    (`Scaling.EITHER`) and the report says which one the engine matched. ValueError (one line)
+    for anything else."""
+    from conformance.semantics import Scaling, Semantics
+
+    declared = getattr(cls, "gradparity_semantics", None)
+    if declared is None:
+        return Semantics(scaling=Scaling.EITHER)
+    if isinstance(declared, Semantics):
+        return declared
+    try:
+        return Semantics(scaling=Scaling(declared), sources=(f"{cls.__name__}.gradparity_semantics",))
+    except ValueError:
+        raise ValueError(f"{cls.__name__}.gradparity_semantics is {declared!r}; declare a conformance.semantics.Semantics, "
+                         f"or where 1/W is applied: 'pre' (each share) or 'post' (the sum)") from None
 
 
 # What a capability needs from a DDP-like class: a method, or a constructor keyword.

@@ -101,7 +101,13 @@ def load(spec: str):
             raise AdapterError(f"--ddp-class {ref!r} is not DDP-like: {problem}; pass a class with torch DDP's constructor, or an adapter (--adapter)")
         module = importlib.import_module(cls.__module__.split(".")[0])
         version = getattr(cls, "__version__", getattr(module, "__version__", "unknown"))
-        return DDPLikeAdapter(getattr(cls, "gradparity_name", cls.__name__), cls, version=str(version))
+        from conformance.adapters.ddp_like import class_semantics
+
+        try:
+            semantics = class_semantics(cls)
+        except ValueError as exc:
+            raise AdapterError(f"--ddp-class {ref!r}: {exc}") from None
+        return DDPLikeAdapter(getattr(cls, "gradparity_name", cls.__name__), cls, version=str(version), semantics=semantics)
     known = known_adapters()
     if spec in known:
         factory = _import(known[spec], f"adapter {spec!r}")

@@ -9,15 +9,19 @@ For every case both recordings hold, every tensor (matched by point, step, micro
 name and rank) is one of:
 
 - bitwise   the same digest;
-- within    different bits, but the new value is accepted by the rule the oracle applied to
-            that tensor in BASE (`recording` stores it), with BASE as the expected value: the
-            drift a team may accept (`--tolerance oracle`);
+- within    different bits, but the new value is accepted by the rule the oracle derived for
+            that tensor's case and step in NEW (the envelope of its summation orders, or the
+            bound from its shares; `recording.oracle_expected` stores it): the drift a team may
+            accept (`--tolerance oracle`). Never the straight-through band: where no derived
+            rule is recorded (an older recording, a case that failed there), only equality passes;
+            a plain band survives only where the oracle itself judged by one;
 - beyond    outside that rule, or a tensor present on one side only (None on one side, a
             run that stopped earlier, another dtype or shape).
 
-A case is the worst of its tensors. Exit status: 0 every common tensor bitwise (with
-`--tolerance oracle`: none beyond); 1 otherwise, after printing the first diverging case,
-step and tensor and a line per case; 2 bad input or nothing comparable (one line: what to do).
+A case is the worst of its tensors; a case that passed in BASE and failed in NEW (failed,
+error, xfailed) fails the gate whatever its tensors say, and verdict changes are printed first.
+Exit status: 0 every common tensor bitwise (with `--tolerance oracle`: none beyond) and no
+verdict worse; 1 otherwise, after printing the first diverging case, step and tensor and a line per case; 2 bad input or nothing comparable (one line: what to do).
 Cases recorded on one side only are listed, never silently dropped.
 
 `--adapters A B` pairs cases by scenario instead of by case id: A's cases in BASE against B's
@@ -41,8 +45,9 @@ SCHEMA = "gradparity.compare/1"
 FILES = ("compare.json", "compare.html")
 RANK = {"bitwise": 0, "within": 1, "beyond": 2}
 EPILOG = """\
-Exit status: 0 every common tensor bitwise equal (--tolerance oracle: none beyond the oracle's
-rule); 1 something moved (the first diverging case, step and tensor are printed first);
+Exit status: 0 every common tensor bitwise equal (--tolerance oracle: none beyond the rule the
+oracle derived for its case and step) and no case went from passed to failed; 1 otherwise
+(verdict changes, then the first diverging case, step and tensor are printed first);
 2 bad input, or nothing comparable. Writes compare.json and compare.html into --report-dir."""
 
 
@@ -82,12 +87,34 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(nan_a ^ nan_b, torch.full_like(d, math.inf), d)
 
 
-def accepts(rule: dict, expected: torch.Tensor, actual: torch.Tensor) -> bool:
-    """Does the oracle's rule (as recorded) accept `actual` where it expects `expected`?"""
+def derived_accepts(derived: dict, actual: torch.Tensor) -> bool:
+    """Is `actual` what the oracle accepted at its case and step (`recording.oracle_expected`):
+    the bitwise value, one of an envelope's summation orders, or within its derived bound?"""
+    from conformance.oracle.envelope import Envelope
+
+    candidates = derived.get("candidates")
+    if "values" in derived:
+        candidates = derived["values"].unsqueeze(0)
+    center, radius = derived.get("center"), derived.get("radius")
+    reference = candidates[0] if candidates is not None else center.to(actual.dtype)
+    if reference.shape != actual.shape:
+        return False
+    env = Envelope(reference, "recorded", "", candidates=candidates, center=center, radius=radius)
+    return bool(env.accepts(actual).all())
+
+
+def accepts(rule: dict, expected: torch.Tensor, actual: torch.Tensor, derived: dict | None = None) -> bool:
+    """Does the oracle's rule accept `actual` where BASE holds `expected`?
+
+    With the rule the oracle derived for this case and step (`derived`: NEW's own, from its
+    shares), that rule decides. A rule judged per element against the ranks' shares is never
+    replaced by its straight-through band: without a derived rule recorded, only equality passes."""
+    if derived is not None:
+        return derived_accepts(derived, actual)
     e, a = expected.double(), actual.double()
     kind = rule.get("kind")
-    if "between_runs" in rule:  # judged per element against the ranks' contributions: the band between runs
-        return accepts(rule["between_runs"], expected, actual)
+    if "between_runs" in rule:  # derived per step, but not recorded (an older recording, a case that failed)
+        return bool(((e == a) | (e.isnan() & a.isnan())).all())
     if kind in ("band", "elementwise"):
         return bool(torch.isclose(a, e, rtol=rule["rtol"], atol=rule["atol"], equal_nan=True).all())
     if kind == "norm":
@@ -99,7 +126,7 @@ def accepts(rule: dict, expected: torch.Tensor, actual: torch.Tensor) -> bool:
     return bool(((e == a) | (e.isnan() & a.isnan())).all())
 
 
-def tensor_diff(base: torch.Tensor | None, new: torch.Tensor | None, rule: dict) -> dict:
+def tensor_diff(base: torch.Tensor | None, new: torch.Tensor | None, rule: dict, derived: dict | None = None) -> dict:
     """How two values of one tensor differ: status, elements differing, max ulps/abs/relative."""
     out = {"status": "beyond", "differing": None, "numel": None, "max_ulps": None, "max_abs": None, "max_rel": None}
     if base is None or new is None:
@@ -121,10 +148,16 @@ def tensor_diff(base: torch.Tensor | None, new: torch.Tensor | None, rule: dict)
     rel = torch.where(diff.isinf(), diff, rel)  # NaN or inf against a number: infinitely far
     out.update(differing=differing, numel=base.numel(), max_ulps=_num(ulps.max()) if ulps.numel() else 0.0,
                max_abs=_num(diff.max()) if diff.numel() else 0.0, max_rel=_num(rel.max()) if rel.numel() else 0.0)
-    ok = accepts(rule, base, new) if floating else differing == 0
+    ok = accepts(rule, base, new, derived) if floating else differing == 0
     out["status"] = "within" if ok else "beyond"
-    out["why"] = f"{differing} of {base.numel()} elements differ" + ("" if ok else f", beyond {rule.get('describe')}")
+    judged_by = (DERIVED if derived is not None else
+                 f"{rule.get('describe')} (no rule derived for this step is recorded: only equality passes)"
+                 if "between_runs" in rule else rule.get("describe"))
+    out["why"] = f"{differing} of {base.numel()} elements differ" + ("" if ok else f", beyond {judged_by}")
     return out
+
+
+DERIVED = "the rule the oracle derived for this case and step (from NEW's own shares)"
 
 
 def _num(x) -> float | str:
@@ -165,8 +198,9 @@ def compare_case(b: dict, n: dict) -> dict:
             d = {"status": "beyond", "why": f"recorded in {'NEW' if eb is None else 'BASE'} only"}
         else:
             rule = b["rules"][eb["rule"]]
-            d = tensor_diff(b["tensors"].get(eb["digest"]), n["tensors"].get(en["digest"]), rule)
-            d["rule"] = rule.get("describe")
+            derived = (n.get("oracle") or {}).get("|".join(str(x) for x in k))
+            d = tensor_diff(b["tensors"].get(eb["digest"]), n["tensors"].get(en["digest"]), rule, derived)
+            d["rule"] = DERIVED if derived is not None else rule.get("describe")
         counts[d["status"]] += 1
         p = points.setdefault(k[:3], {"label": point_label(*k[:3]), "step": k[1], "tensors": 0, "differing": 0,
                                       "max_ulps": 0.0, "max_rel": 0.0, "status": "bitwise"})
@@ -179,12 +213,21 @@ def compare_case(b: dict, n: dict) -> dict:
             row = {"tensor": tensor_label(k), "point": p["label"], "kind": k[3], "name": k[4], "rank": k[5]} | d
             tensors.append(row)
             first = first or row
-    status = "beyond" if counts["beyond"] else "within" if counts["within"] else "bitwise"
+    status = "beyond" if counts["beyond"] or worse(b["verdict"], n["verdict"]) else \
+        "within" if counts["within"] else "bitwise"
     return {"status": status, "counts": counts, "first": first, "points": list(points.values()),
             "max_ulps": _num(max((_val(t.get("max_ulps")) for t in tensors), default=0.0)),
             "max_rel": _num(max((_val(t.get("max_rel")) for t in tensors), default=0.0)),
             "tensors": tensors[:200], "more_tensors": max(0, len(tensors) - 200),
             "verdicts": [b["verdict"], n["verdict"]], "rules": [r.get("describe") for r in b["rules"][:1]]}
+
+
+NOT_PASSED = ("failed", "error", "xfailed")
+
+
+def worse(base_verdict: str, new_verdict: str) -> bool:
+    """A case that passed in BASE and did not in NEW: the gate fails, whatever the tensors say."""
+    return base_verdict == "passed" and new_verdict in NOT_PASSED
 
 
 # -- two recordings --------------------------------------------------------------------------
@@ -211,9 +254,12 @@ def _pairs(base: Recording, new: Recording, adapters) -> tuple[list[tuple], list
 def compare(base: Recording, new: Recording, *, adapters=None) -> dict:
     """The comparison document (compare.json); raises RecordingError when nothing is comparable."""
     common, only_base, only_new = _pairs(base, new, adapters)
-    cases, not_run = [], []
+    cases, not_run, changed = [], [], []
     for label, bid, nid in common:
         b, n = base.cases[bid], new.cases[nid]
+        if b["verdict"] != n["verdict"]:
+            changed.append({"case": label, "verdicts": [b["verdict"], n["verdict"]], "fails_gate": worse(b["verdict"], n["verdict"]),
+                            "message": (n.get("message") or [""])[0] if isinstance(n.get("message"), list) else n.get("message") or ""})
         if (not b["entries"] or not n["entries"]) and "skipped" in (b["verdict"], n["verdict"]) \
                 or not b["entries"] and not n["entries"]:
             # Skipped on a side (a capability, a device), or no tensor on either: nothing to weigh, listed.
@@ -221,19 +267,20 @@ def compare(base: Recording, new: Recording, *, adapters=None) -> dict:
             not_run.append({"case": label, "verdicts": [b["verdict"], n["verdict"]]})
             continue
         cases.append({"case": label, "base_case": bid, "new_case": nid} | compare_case(b, n))
-    if not cases:
+    if not cases and not any(c["fails_gate"] for c in changed):
         raise RecordingError(
             f"nothing comparable: BASE ({len(base.cases)} cases) and NEW ({len(new.cases)} cases) share no case with "
             f"recorded tensors ({len(common)} common, none ran on both sides); record the same selection twice"
             + ("" if adapters else ", or pass --adapters A B"))
     summary = {s: sum(c["status"] == s for c in cases) for s in RANK}
-    first = next((c for c in cases if c["status"] != "bitwise"), None)
+    first = next((c for c in cases if c["status"] != "bitwise" and c["first"]), None)
     return {
         "schema": SCHEMA, "base": _side(base), "new": _side(new), "adapters": list(adapters or []),
         "summary": summary | {"compared": len(cases), "not_run": len(not_run), "only_base": len(only_base),
                               "only_new": len(only_new)},
         "first": None if first is None else {"case": first["case"]} | first["first"],
         "cases": cases, "not_run": not_run, "only_base": only_base, "only_new": only_new,
+        "verdict_changes": sorted(changed, key=lambda c: not c["fails_gate"]),
     }
 
 
@@ -248,7 +295,7 @@ def _side(rec: Recording) -> dict:
 
 def exit_status(doc: dict, tolerance: str) -> int:
     failing = doc["summary"]["beyond"] + (doc["summary"]["within"] if tolerance == "bitwise" else 0)
-    return 1 if failing else 0
+    return 1 if failing or any(c["fails_gate"] for c in doc.get("verdict_changes", ())) else 0
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -257,7 +304,9 @@ def _fmt(x) -> str:
 
 
 def render_text(doc: dict, tolerance: str) -> list[str]:
-    lines = []
+    lines = [f"verdict changed: {c['case']}: {c['verdicts'][0]} -> {c['verdicts'][1]}"
+             + (f" ({c['message']})" if c["message"] else "") + (" [fails the gate]" if c["fails_gate"] else "")
+             for c in doc.get("verdict_changes", ())]
     for side in ("base", "new"):
         s = doc[side]
         versions = ", ".join(f"{k} {v}" for k, v in s["adapter_versions"].items())
@@ -275,7 +324,7 @@ def render_text(doc: dict, tolerance: str) -> list[str]:
     sm = doc["summary"]
     lines.append(f"per case ({sm['compared']} compared: {sm['bitwise']} bitwise, {sm['within']} within the oracle's "
                  f"rule, {sm['beyond']} beyond it):")
-    width = max(len(c["case"]) for c in doc["cases"])
+    width = max((len(c["case"]) for c in doc["cases"]), default=0)
     for c in sorted(doc["cases"], key=lambda c: -RANK[c["status"]]):
         f = c["first"]
         where = f"parts at {f['point']}, {f['kind']} {f['name']}" if f else ""

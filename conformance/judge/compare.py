@@ -34,6 +34,8 @@ class Mismatch:
 
     # Failing elements whose expected value is 0: no relative error or ulp count means anything there.
     zero_expected: int = 0
+    # Exact placements of 1/W outside the rule that explain every element (a wrong declaration).
+    other_placements: tuple[str, ...] = ()
 
     def render(self) -> str:
         line = f"{self.name}: {self.problem}"
@@ -150,8 +152,22 @@ def _compare_envelope(name: str, env: Envelope, actual: Tensor) -> Mismatch | No
     if not bad.any():
         return None
     nearest, outside = env.nearest(a)
-    return _mismatch(name, f"{int(bad.sum())} of {a.numel()} elements outside the envelope ({env.rule}: {env.formula}); "
-                     "expected = the nearest accepted value", bad, nearest, a.double(), outside, a)
+    others = tuple(env.other_placements(a))
+    matches = f"; every element matches 1/W placed {'/'.join(others)}" if others else ""
+    m = _mismatch(name, f"{int(bad.sum())} of {a.numel()} elements outside the envelope ({env.rule}: {env.formula}){matches}; "
+                  "expected = the nearest accepted value", bad, nearest, a.double(), outside, a)
+    m.other_placements = others
+    return m
+
+
+def placements_matched(expected: dict, actual: dict) -> set[str] | None:
+    """The placements of 1/W that explain every labelled envelope of one accepted event (None: none labelled)."""
+    found = None
+    for name, env in expected.items():
+        if isinstance(env, Envelope) and env.labels is not None and len(set(env.labels)) > 1 and actual.get(name) is not None:
+            here = set(env.placements(actual[name]))
+            found = here if found is None else found & here
+    return found
 
 
 def _compare_norm(name: str, e: Tensor, a: Tensor, tol: Tolerance) -> Mismatch | None:

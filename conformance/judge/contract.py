@@ -15,6 +15,7 @@ from conformance.judge.compare import (
     ConformanceError,
     compare_dicts,
     failure_message,
+    placements_matched,
 )
 from conformance.judge.failure import RanksRaised, first_line
 from conformance.oracle.baseline import Baseline
@@ -41,6 +42,10 @@ class Checked:
     comparisons: int
     accepted_error: str | None = None
     details: dict = field(default_factory=dict)  # timings, backward stats: for the report
+    # What the oracle accepted for each judged tensor, by the recording's key (point, step, micro,
+    # kind, name, rank): a tensor (bitwise) or an Envelope. Kept for `--record` (conformance.recording),
+    # so `compare --tolerance oracle` judges a moved tensor by its case's and step's own rule.
+    expected: dict | None = field(default=None, repr=False)
 
 
 def repro_command(scenario: Scenario, adapter: str) -> str:
@@ -85,13 +90,16 @@ def check_records(
     count = _judge_construction(scenario, baseline, records, semantics, fail)
     # 2. Events, in training order.
     errors = {r: rec.get("error") for r, rec in records.items()}
-    count += _judge_events(scenario, adapter, baseline, records, errors, repro, fail,
-                           tol, exact_state, buffer_tol, semantics, across_ranks=True)
+    placements, judged = [], {}  # which placements of 1/W explain each judged event; what the oracle accepted
+    count += _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol, exact_state, buffer_tol,
+                           semantics, across_ranks=True, placements=placements, judged=judged)
     details = {"oracle": _oracle_summary(baseline, tol, anchored)}
+    if len(tol.divide) > 1 and tol.exact:  # several placements of 1/W accepted: which one the engine matched
+        details["oracle"]["placement_matched"] = _placement_matched(placements)
     if anchored:
         details["oracle"]["straight_through"] = _judge_straight_through(
             scenario, adapter, straight_through, records, errors, repro, fail, tol, semantics)
-    return _judge_errors(scenario, adapter, errors, repro, count, details)
+    return _judge_errors(scenario, adapter, errors, repro, count, details, judged)
 
 
 def _judge_construction(scenario: Scenario, baseline: Baseline, records: dict[int, dict], semantics: Semantics,
@@ -129,7 +137,8 @@ def _judge_straight_through(scenario, adapter, straight_through, records, errors
     return f"within {band.describe()}"
 
 
-def _judge_errors(scenario: Scenario, adapter: str, errors: dict, repro: str, count: int, details: dict) -> Checked:
+def _judge_errors(scenario: Scenario, adapter: str, errors: dict, repro: str, count: int, details: dict,
+                  judged: dict | None = None) -> Checked:
     """3. Errors: accepted only where the scenario allows them, on every rank, matching."""
     raised = {r: e for r, e in errors.items() if e}
     if scenario.expect == Expect.ERROR and len(raised) != scenario.world_size:
@@ -148,12 +157,32 @@ def _judge_errors(scenario: Scenario, adapter: str, errors: dict, repro: str, co
                 raise ConformanceError(f"[{scenario.id}] rank {r} raised an error that does not match {pattern!r}: {e['message']}")
         first = raised[0]
         return Checked(count, accepted_error=f"{first['type']} at step {first['step']}: {first['message'].splitlines()[0][:200]}",
-                       details=details)
-    return Checked(count, details=details)
+                       details=details, expected=judged)
+    return Checked(count, details=details, expected=judged)
+
+
+def _placement_first(what: str, bad: list, tol) -> str:
+    """The failure's first line: where every failing tensor matches another exact placement of 1/W
+    than the declared one, say so (the declaration is wrong, not the average)."""
+    others = {p for m in bad for p in m.other_placements}
+    if not others or not all(m.other_placements for m in bad):
+        return what
+    return (f"{what}: they match 1/W placed {'/'.join(sorted(others))}, not the declared {'/'.join(tol.divide)} "
+            "(declare it with gradparity_semantics, or in the adapter's Semantics.scaling)")
+
+
+def _placement_matched(placements: list[set[str]]) -> str:
+    """Which placement of 1/W explains every judged gradient (for the report)."""
+    if not placements:
+        return "not distinguishable (every order and placement agreed)"
+    common = set.intersection(*placements)
+    if not common:
+        return "none alone: some gradients only match pre, others only post"
+    return " and ".join(sorted(common)) + (" (indistinguishable here)" if len(common) > 1 else "")
 
 
 def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol, step_tol, buffer_tol, semantics,
-                  *, across_ranks: bool) -> int:
+                  *, across_ranks: bool, placements: list | None = None, judged: dict | None = None) -> int:
     """Every expected event in training order, each rank against the oracle (and rank 0)."""
     count = 0
     buffer_rule = _BUFFER_RULES[semantics.buffers]
@@ -184,7 +213,14 @@ def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol
             bad = compare_dicts(expected.per_rank[rank], actual["values"], this_tol)
             count += 1
             if bad:
-                fail(rank, expected.where(), what, bad, this_tol)
+                fail(rank, expected.where(), _placement_first(what, bad, this_tol), bad, this_tol)
+            if judged is not None:
+                point, kind = (actual["kind"], actual.get("step"), actual.get("micro")), "grad" if backward else "param"
+                judged.update({(*point, kind, name, rank): v for name, v in expected.per_rank[rank].items()})
+            if backward and placements is not None:
+                matched = placements_matched(expected.per_rank[rank], actual["values"])
+                if matched is not None:
+                    placements.append(matched)
             wanted = expected.buffers[rank] if expected.buffers else None
             if wanted is not None and scenario.buffer_rule == "rank0-broadcast":
                 bad = compare_dicts(wanted, actual["buffers"], buffer_tol)

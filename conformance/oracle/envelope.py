@@ -117,6 +117,12 @@ class Envelope:
     radius: Tensor | None = None
     magnitude: Tensor | None = None  # Σ|x_i| per element, float64 (the scale of the sum's rounding)
     unit: float = 2.0**-24  # unit roundoff of the dtype the sum is rounded in
+    # [Note: which placement of 1/W] Where `candidates` come from several placements of 1/W
+    # ("pre", "post"), `labels` names each row's, so the judge can say which one the engine
+    # matched; `others` holds the candidates of the exact placements the rule does not accept
+    # (a class that pinned "pre" but sums first), so a failure can say it matches one of them.
+    labels: tuple[str, ...] | None = None
+    others: dict[str, Tensor] | None = None
 
     # Tensor-like surface used by the comparison (dtype and shape checks) and by reports.
     @property
@@ -162,6 +168,20 @@ class Envelope:
         best = torch.where(self.accepts(actual), torch.zeros_like(best), best)
         return value, best
 
+    def placements(self, actual: Tensor) -> list[str]:
+        """The labelled placements of 1/W whose candidates explain every element of `actual`."""
+        if self.labels is None or self.candidates is None:
+            return []
+        a = actual.detach().to(self.reference.device)
+        hit = (self.candidates == a) | (self.candidates.isnan() & a.isnan())
+        return [p for p in dict.fromkeys(self.labels)
+                if bool(hit[[i for i, label in enumerate(self.labels) if label == p]].any(0).all())]
+
+    def other_placements(self, actual: Tensor) -> list[str]:
+        """The placements of 1/W outside the rule that explain every element of `actual` (a wrong declaration)."""
+        a = actual.detach().to(self.reference.device)
+        return [p for p, c in (self.others or {}).items() if bool(((c == a) | (c.isnan() & a.isnan())).any(0).all())]
+
     def spread(self) -> tuple[float, float]:
         """The widest element of the envelope: (absolute width, width in units of u·Σ|x_i|)."""
         widths = []
@@ -191,10 +211,16 @@ def rule_of(scenario, semantics):
     if communication is not None:  # simulated lossy communication (PowerSGD): its own rule
         return communication.rule()
     tol = getattr(semantics, "lossy", None) or scenario.tolerance
-    scaling = getattr(getattr(semantics, "scaling", None), "value", "pre")
-    if scaling != "pre" and tol.exact and not scenario.options.comm_hook:
-        tol = replace(tol, divide=(scaling,))
+    divide = PLACEMENTS[getattr(getattr(semantics, "scaling", None), "value", "pre")]
+    if divide != ("pre",) and tol.exact and not scenario.options.comm_hook:
+        tol = replace(tol, divide=divide)
     return tol
+
+
+# `Semantics.scaling` -> the placements of 1/W the envelope accepts ("pre-or-post": undeclared,
+# the `--ddp-class` default: either exact average passes, and the report says which one matched).
+PLACEMENTS = {"pre": ("pre",), "post": ("post",), "pre-or-post": ("pre", "post")}
+EXACT_PLACEMENTS = ("pre", "post")
 
 
 def ulp(t: Tensor) -> Tensor:
@@ -247,27 +273,39 @@ def reduce(grads: list[Tensor | None], divisor: int, tol) -> Tensor | Envelope |
     if rule == "derived-bound":
         return _bound(grads, reference, divisor, tol)
     n = len(grads)
-    sums = []
+    # The rank-order sum of divided shares is a "pre" candidate: a rule without "pre" leaves it out.
+    sums, labels = ([reference], ["pre"]) if "pre" in tol.divide else ([], [])
     for where in tol.divide:
-        for terms, after in _variants(grads, divisor, where):
-            found = summation_trees(terms) if n <= MAX_ENUMERATED else ring_orders(terms)
-            if after is not None:
-                found = [t / after[1] if after[0] == "div" else t * after[1] for t in found]
-            sums.extend(found)
-    candidates = torch.stack([reference, *sums])
-    if n <= MAX_ENUMERATED and bool(((candidates == reference) | (candidates.isnan() & reference.isnan())).all()):
-        return reference  # every order agrees: bitwise
+        found = _orders(grads, divisor, where)
+        sums.extend(found)
+        labels.extend([where] * len(found))
+    candidates = torch.stack(sums)
+    first = candidates[0]
+    if n <= MAX_ENUMERATED and bool(((candidates == first) | (candidates.isnan() & first.isnan())).all()):
+        return first  # every order agrees: bitwise
     places = "/".join(tol.divide)
     if n <= MAX_ENUMERATED:
         trees = len(summation_trees(list(range(n))))
-        formula = f"bitwise to one of the {trees} summation trees of {n} shares (1/W: {places}; {len(sums)} candidates)"
+        formula = f"bitwise to one of the {trees} summation trees of {n} shares (1/W: {places}; {len(sums) - ('pre' in tol.divide)} candidates)"
+        others = {p: torch.stack(_orders(grads, divisor, p)) for p in EXACT_PLACEMENTS if p not in tol.divide}
         return Envelope(reference, "summation-order", formula, candidates=candidates,
                         magnitude=sequential([g.double().abs() / divisor for g in grads]),
-                        unit=UNIT_ROUNDOFF[dtype_name(reference.dtype)])
+                        unit=UNIT_ROUNDOFF[dtype_name(reference.dtype)], labels=tuple(labels), others=others)
     env = _bound(grads, reference, divisor, tol)
-    env.rule, env.candidates = "summation-order", candidates
+    env.rule, env.candidates, env.labels = "summation-order", candidates, tuple(labels)
     env.formula = f"bitwise to a ring order of {n} shares, or {env.formula}"
     return env
+
+
+def _orders(grads: list[Tensor], divisor: int, where: str) -> list[Tensor]:
+    """Every summation order's result with 1/W placed `where` (every tree up to 4 terms, ring orders beyond)."""
+    out = []
+    for terms, after in _variants(grads, divisor, where):
+        found = summation_trees(terms) if len(terms) <= MAX_ENUMERATED else ring_orders(terms)
+        if after is not None:
+            found = [t / after[1] if after[0] == "div" else t * after[1] for t in found]
+        out.extend(found)
+    return out
 
 
 def _bound(grads, reference, divisor, tol) -> Envelope:

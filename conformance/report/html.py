@@ -95,7 +95,8 @@ def _matrix(results: list[dict], adapters: list[str], area: str = "") -> str:
             oracle = (r.get("details") or {}).get("oracle")
             if oracle:  # which rule judged it, the widest envelope, the straight-through check
                 first += (f" | rule: {oracle['rule']}; widest envelope {oracle['largest_bound_u']:.3g}·u·Σ|x_i|"
-                          f"; straight through: {oracle.get('straight_through', 'not run')}")
+                          f"; straight through: {oracle.get('straight_through', 'not run')}"
+                          + (f"; 1/W matched: {oracle['placement_matched']}" if oracle.get("placement_matched") else ""))
             mark = " ◆" if declared else ""
             note = ""
             reason = _reason(r)

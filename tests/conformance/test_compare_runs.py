@@ -57,8 +57,25 @@ def test_a_tensor_is_bitwise_within_or_beyond_the_oracles_rule():
     norm = {"kind": "norm", "norm_rtol": 0.01, "atol": 0.0}
     assert accepts(norm, torch.ones(100), torch.ones(100) * 1.005)
     assert not accepts(norm, torch.ones(100), torch.ones(100) * 1.02)
-    order = {"kind": "summation-order", "between_runs": ELEMENTWISE}  # judged per element in a run; a band between runs
-    assert tensor_diff(base, moved, order)["status"] == "within" and tensor_diff(base, far, order)["status"] == "beyond"
+
+def test_a_derived_rule_judges_by_its_case_and_step_never_by_the_straight_through_band():
+    base = torch.tensor([1.0, 2.0, 0.0])
+    moved = base.clone()
+    moved[1] = torch.nextafter(moved[1], torch.tensor(3.0))
+    far = base * (1 + 1e-3)  # inside the straight-through band below, outside every derived rule
+    order = {"kind": "summation-order", "between_runs": {"kind": "band", "rtol": 0.5, "atol": 0.0, "describe": "rtol=0.5"},
+             "describe": "bitwise to a summation order"}
+    without = tensor_diff(base, moved, order)  # no rule recorded for the step: equality only, never the band
+    assert without["status"] == "beyond" and "no rule derived for this step" in without["why"]
+    envelope = {"candidates": torch.stack([base, moved])}  # the summation orders NEW's shares allow
+    assert tensor_diff(base, moved, order, envelope)["status"] == "within"
+    assert tensor_diff(base, far, order, envelope)["status"] == "beyond"
+    bound = {"center": base.double(), "radius": torch.full((3,), 1e-6, dtype=torch.float64)}
+    assert tensor_diff(base, moved, order, bound)["status"] == "within"
+    d = tensor_diff(base, far, order, bound)
+    assert d["status"] == "beyond" and "derived for this case and step" in d["why"]
+    assert tensor_diff(base, moved, order, {"values": moved})["status"] == "within"
+    assert tensor_diff(base, moved, order, {"values": base})["status"] == "beyond"
 
 
 def record_dir(path, cases: dict) -> str:
@@ -128,6 +145,27 @@ def test_a_case_skipped_on_one_side_is_listed_not_weighed(tmp_path):
     doc = compare(base, open_recording(str(tmp_path / "b")))
     assert doc["not_run"] == [{"case": "refimpl-ddp|ddp/fake/mlp/w2/fp32", "verdicts": ["passed", "skipped"]}]
     assert doc["summary"]["compared"] == 1 and exit_status(doc, "bitwise") == 0
+
+
+def test_a_case_that_passed_and_now_fails_fails_the_gate_and_is_printed_first(tmp_path):
+    from conformance.pipeline import CaseResult
+
+    base = open_recording(record_dir(tmp_path / "a", {"torch-ddp": two_ranks()}))
+    rec = Recorder(str(tmp_path / "b"))
+    rec.start({})
+    _, outcome = result_of(Case(SCENARIO, "torch-ddp"), two_ranks())  # the same tensors: bitwise
+    rec.add(CaseResult(Case(SCENARIO, "torch-ddp"), "failed", "rank 1: gradients differ from the oracle"), outcome)
+    rec.finish({})
+    doc = compare(base, open_recording(str(tmp_path / "b")))
+    assert doc["verdict_changes"] == [{"case": "torch-ddp|ddp/fake/mlp/w2/fp32", "verdicts": ["passed", "failed"],
+                                       "fails_gate": True, "message": "rank 1: gradients differ from the oracle"}]
+    assert doc["cases"][0]["counts"]["beyond"] == 0 and doc["cases"][0]["status"] == "beyond"
+    assert exit_status(doc, "oracle") == 1 and exit_status(doc, "bitwise") == 1
+    text = render_text(doc, "oracle")
+    assert text[0] == ("verdict changed: torch-ddp|ddp/fake/mlp/w2/fp32: passed -> failed "
+                       "(rank 1: gradients differ from the oracle) [fails the gate]")
+    back = compare(open_recording(str(tmp_path / "b")), base)  # failed -> passed: said, not a gate failure
+    assert back["verdict_changes"][0]["fails_gate"] is False and exit_status(back, "oracle") == 0
 
 
 def test_two_adapters_of_one_recording_pair_by_scenario(tmp_path):

@@ -1,8 +1,12 @@
 """The suite's extra (conformance/frontends/extras.py): refimpl-only installs get one line, never a traceback."""
 
+import fnmatch
 import importlib
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import conformance.frontends.extras as extras
 import conformance.frontends.pytest_entry as pytest_entry
@@ -49,9 +53,7 @@ def test_the_entry_point_loads_the_plugin_only_with_the_suite(monkeypatch):
 
 
 def test_the_pyproject_keeps_refimpl_torch_only():
-    import tomllib
-    from pathlib import Path
-
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     assert [d.split(">")[0].split("=")[0] for d in project["dependencies"]] == ["torch"]
     assert {d.split(">")[0] for d in project["optional-dependencies"]["suite"]} == set(extras.SUITE.values())
@@ -60,10 +62,7 @@ def test_the_pyproject_keeps_refimpl_torch_only():
 
 
 def test_every_data_file_of_the_packages_is_packaged():
-    import fnmatch
-    import tomllib
-    from pathlib import Path
-
+    tomllib = pytest.importorskip("tomllib")
     root = Path(__file__).parents[2]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     data = [p for pkg in ("conformance", "refimpl") for p in (root / pkg).rglob("*")
