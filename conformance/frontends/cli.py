@@ -32,7 +32,8 @@ join (method join), bucket_cap_mb / gradient_as_bucket_view / static_graph / bro
 mixed_precision (constructor keywords). Opt out explicitly with a class attribute, e.g.
     gradparity_capabilities = frozenset({Capability.NO_SYNC})   # from conformance.spec
 Exit status: 0 conformant; 1 a failure (wrong value, raised, crashed, hung) or a strict xfail
-that passed; 2 bad input (one line, before any process starts); 3 no failure, but every
+that passed; 2 bad input (one line, before any process starts), or nothing checked (every case
+of the run, or of an adapter named with --adapter/--ddp-class, skipped); 3 no failure, but every
 non-pass is an infrastructure error (pool start, rendezvous, the harness: rerun or fix the
 machine, not the implementation), or pytest itself failed; 130 interrupted (Ctrl-C)."""
 
@@ -110,7 +111,9 @@ def cmd_run(args) -> int:
         print("gradparity: interrupted: the report lists what ran", file=sys.stderr)
         return EXIT_INTERRUPTED
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
-        print("gradparity: no scenario matched the selection; see `gradparity list`", file=sys.stderr)
+        why = ((_report(args.report_dir) or {}).get("run") or {}).get("nothing_checked")
+        print(f"gradparity: error: {why}; not a pass (see the skip reasons above)" if why else
+              "gradparity: no scenario matched the selection; see `gradparity list`", file=sys.stderr)
         return 2
     if code == pytest.ExitCode.TESTS_FAILED and _only_infrastructure_errors(args.report_dir):
         print("gradparity: no failure, but only infrastructure errors (pool start, rendezvous, harness): "

@@ -51,6 +51,7 @@ class Session:
     results: list[dict] = field(default_factory=list)  # on the controller: every case's record
     running: dict[str, CaseResult] = field(default_factory=dict)  # in this process: node id -> result
     stopped: str = ""  # why the run ended before every selected case ran ("" when it did not)
+    nothing_checked: str | None = None  # why the run checked nothing it was asked to (report/verdict.py)
     recorder: Recorder | None = None  # --record DIR (conformance.recording): every process adds its cases
     recorded: dict | None = None  # the recording's index, once written (controller)
     _plan: Plan | None = None
@@ -202,6 +203,12 @@ def pytest_sessionfinish(session, exitstatus):
     selected = getattr(session, "testscollected", 0) or 0  # 0 on an xdist controller: unknown there
     if gp.stopped and selected > len(gp.results):
         gp.stopped += f"; {selected - len(gp.results)} of {selected} selected cases have no result"
+    if not gp.stopped and session.exitstatus == pytest.ExitCode.OK:
+        from conformance.report.verdict import exit_reason
+
+        gp.nothing_checked = exit_reason(gp.results, list(gp.selection.adapters))
+        if gp.nothing_checked:  # nothing was shown to conform: not a pass (`gradparity run` exits 2)
+            session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
     report_dir = config.getoption("report_dir")
     if gp.recorder is not None:
         gp.recorded = gp.recorder.finish(_run_info(config, gp.adapters), stopped=gp.stopped or None)
@@ -210,6 +217,7 @@ def pytest_sessionfinish(session, exitstatus):
 
         info = _run_info(config, gp.adapters)
         info["stopped"] = gp.stopped or None
+        info["nothing_checked"] = gp.nothing_checked
         config._gradparity_written = write_reports(report_dir, gp.results, adapters=gp.adapters, config=config,
                                                    run_info=info)
 
@@ -228,7 +236,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     from conformance.report.terminal import print_summary
 
     print_summary(terminalreporter, gp.results, getattr(config, "_gradparity_written", None), gp.plan.unmatched,
-                  stopped=gp.stopped)
+                  stopped=gp.stopped, exit_reason=gp.nothing_checked)
     if gp.recorded is not None:
         terminalreporter.write_line(f"recording: {gp.recorder.directory} ({len(gp.recorded['case_files'])} cases, "
                                     f"{gp.recorded['bytes'] / 1e6:.1f} MB, {gp.recorded['record_seconds_this_process']:.1f} s spent "

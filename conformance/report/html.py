@@ -16,11 +16,23 @@ from collections import defaultdict
 from conformance.report.links import linkify
 from conformance.report.record import intermittent_outcome, one_line
 from conformance.report.timeline import section as timelines_section
+from conformance.report.verdict import (
+    CONFORMANT,
+    INCOMPLETE,
+    NO_VERDICT,
+    NOT_CONFORMANT,
+    NOTHING_CHECKED,
+    adapter_verdict,
+    nothing_checked,
+)
 
 COLOURS = {
     "passed": "#2e7d32", "failed": "#c62828", "xfailed": "#f9a825", "xpassed": "#8e24aa",
     "skipped": "#9e9e9e", "error": "#c62828",
 }
+# An adapter's verdict: nothing checked is grey like a skip, never the green of a pass.
+VERDICT_COLOURS = {CONFORMANT: COLOURS["passed"], NOT_CONFORMANT: COLOURS["failed"], NO_VERDICT: COLOURS["failed"],
+                   INCOMPLETE: COLOURS["xfailed"], NOTHING_CHECKED: COLOURS["skipped"]}
 SYMBOL = {"passed": "✓", "failed": "✗", "xfailed": "x", "xpassed": "!", "skipped": "–", "error": "E"}
 
 CSS = """
@@ -129,14 +141,14 @@ def _compatibility(report: dict) -> str:
     rows = []
     for adapter in sorted(cells):
         totals = sum((cells[adapter][g] for g in groups), start=type(cells[adapter][groups[0]])())
-        bad = totals["failed"] + totals["xpassed"]
-        colour = COLOURS["failed"] if bad else (COLOURS["xfailed"] if totals["xfailed"] else COLOURS["passed"])
+        verdict = adapter_verdict(totals, stopped=bool(report["run"].get("stopped")))
+        colour = VERDICT_COLOURS[verdict] if verdict != CONFORMANT or not totals["xfailed"] else COLOURS["xfailed"]
         declared = "; ".join(info.get(adapter, {}).get("semantics") or []) or "torch DDP semantics"
         tds = "".join(f"<td>{_e(cell_text(cells[adapter][g]))}</td>" for g in groups)
         summary = ", ".join(f"{totals[v]} {v}" for v in VERDICTS if totals[v])
         rows.append(
             f'<tr><td><b>{_e(adapter)}</b> {_e(info.get(adapter, {}).get("version", ""))}<br><small>{_e(declared)}</small></td>'
-            f'{tds}<td style="color:{colour}"><b>{_e(summary)}</b></td></tr>'
+            f'{tds}<td style="color:{colour}"><b>{_e(verdict)}</b><br>{_e(summary)}</td></tr>'
         )
     head = "".join(f"<th>{_e(g)}</th>" for g in groups)
     return (
@@ -168,6 +180,7 @@ def render(report: dict) -> str:
     adapters = "".join(
         f"<tr><td>{_e(a['spec'])}</td><td>{_e(a.get('name'))}</td><td>{_e(a.get('version'))}</td><td>{_e(a.get('area', ''))}</td>"
         f"<td>{_e(', '.join(a.get('owns') or []) or '-')}</td>"
+        f"<td style=\"color:{VERDICT_COLOURS.get(a.get('verdict'), '#555')}\"><b>{_e(a.get('verdict', ''))}</b></td>"
         f"<td>{_e('; '.join(a.get('semantics') or []) or 'torch DDP semantics')}"
         f"{''.join(f'<br><small>{_e(src)}</small>' for src in a.get('semantics_sources') or [])}</td></tr>"
         for a in report["adapters"]
@@ -182,6 +195,11 @@ def render(report: dict) -> str:
         for r in report["results"] if r["verdict"] in ("failed", "error", "xpassed")
     )
     classes = ", ".join(f"{c}: {n}" for c, n in s.get("failure_classes", {}).items() if n)
+    expected = ", ".join(f"{c}: {n}" for c, n in s.get("expected_failure_classes", {}).items() if n)
+    empty = "".join(f'<p style="color:{VERDICT_COLOURS[NOTHING_CHECKED]}"><b>{_e(a)}: nothing checked</b> — {_e(why)}</p>'
+                    for a, why in nothing_checked(report["results"]).items())
+    if run.get("nothing_checked"):
+        empty += f'<p style="color:#c62828"><b>exit status 2</b>: {_e(run["nothing_checked"])}</p>'
     suite = report["suite"]
     commit = suite.get("commit") or "unknown (not a git checkout, no VCS install record)"
     dirty = " (with uncommitted changes)" if suite.get("dirty") else ""
@@ -197,11 +215,13 @@ def render(report: dict) -> str:
 world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 {f'<tr><td><b>ended early</b></td><td style="color:#c62828">{_e(run["stopped"])}</td></tr>' if run.get('stopped') else ''}
 </table>
-<h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th><th>owns</th>
+<h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th><th>owns</th><th>verdict</th>
 <th>declared deviations from torch DDP</th></tr>{adapters}</table>
 {_compatibility(report)}
 <h2>Matrix ({s['total']} cases)</h2><p class="legend">{legend}</p>
-{f'<p>failure classes: {_e(classes)}</p>' if classes else ''}
+{f'<p>failure classes (failures of this run): {_e(classes)}</p>' if classes else ''}
+{f'<p>expected failures&#39; classes (listed known failures, not failures of this run): {_e(expected)}</p>' if expected else ''}
+{empty}
 {_matrices(report)}
 <h2>Failures</h2>{failures or '<p>None.</p>'}
 {_expected(report)}

@@ -8,11 +8,16 @@ import os
 import platform
 from collections import Counter
 
+from conformance.report.verdict import adapter_verdicts
+
 # 2: every non-pass carries `failure_class` and a one-line `cause`.
 # 3: provenance (`run.command`, `run.launcher`, `suite.commit`, `run_info`); an xfailed case's
 #    `message` is the error actually seen and `xfail_reason` why it is expected. A `passed` case
 #    with an `xfail_reason` is listed as a known intermittent failure (`intermittent:`, see
 #    conformance.expectations) that did not happen in this run; readers of `verdict` alone see a pass.
+#    (Added within 3: each adapter's `verdict` (report/verdict.py: `nothing checked` when every case
+#    was skipped), `summary.verdicts`, `run.nothing_checked`; `summary.failure_classes` counts
+#    failures only, `summary.expected_failure_classes` the expected failures'.)
 SCHEMA = "gradparity.report/3"
 VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 FAILURE_CLASSES = ("wrong value", "raised", "crashed", "hung", "infrastructure")
@@ -45,7 +50,8 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
     option = (lambda name, default=None: config.getoption(name)) if config is not None else (lambda name, default=None: default)
     devices = sorted({r["device"] for r in results})
     counts = Counter(r["verdict"] for r in results)
-    classes = Counter(r.get("failure_class") for r in results if r["verdict"] in ("failed", "error", "xfailed"))
+    classes = Counter(r.get("failure_class") for r in results if r["verdict"] in ("failed", "error"))
+    expected_classes = Counter(r.get("failure_class") for r in results if r["verdict"] == "xfailed")
     backends = sorted({"gloo" if d == "cpu" else ("nccl" if torch.cuda.device_count() > 1 else "gloo") for d in devices})
     info = dict(run_info) if run_info is not None else provenance.collect(adapters=adapters)
     # One profile for the whole document: the caller's, else the front end's run_info, else pytest's option.
@@ -55,6 +61,7 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
     info["device"] = info.get("device") or ", ".join(devices)
     info.setdefault("adapters", list(adapters))
     suite = provenance.suite_provenance()
+    verdicts = adapter_verdicts(results, stopped=bool(info.get("stopped")))
     return {
         "schema": SCHEMA,
         "suite": {"name": "gradparity", "version": suite["version"], "commit": info.get("commit", suite["commit"]),
@@ -70,6 +77,7 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
             "command": info.get("command"),
             "launcher": info.get("launcher"),
             "stopped": info.get("stopped"),  # why the run ended before every case ran; None when it did not
+            "nothing_checked": info.get("nothing_checked"),  # why it exits 2: no case (of a named adapter) ran
             "profile": profile,
             "device": devices,
             "backends": backends,
@@ -77,9 +85,11 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
             "seeds": sorted({r["seed"] for r in results}),
         },
         "run_info": info,
-        "adapters": [_adapter_info(spec) for spec in adapters],
+        "adapters": [_adapter_info(spec) | {"verdict": verdicts.get(spec, "not run")} for spec in adapters],
         "summary": {v: counts.get(v, 0) for v in VERDICTS} | {"total": len(results)}
-        | {"failure_classes": {c: classes.get(c, 0) for c in FAILURE_CLASSES}},
+        | {"failure_classes": {c: classes.get(c, 0) for c in FAILURE_CLASSES}}
+        | {"expected_failure_classes": {c: expected_classes.get(c, 0) for c in FAILURE_CLASSES}}
+        | {"verdicts": verdicts},
         "results": sorted(results, key=lambda r: (r["adapter"], r["scenario"])),
     }
 
