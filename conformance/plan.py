@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from conformance import catalogue
 from conformance.adapters import registry
+from conformance.adapters.optional import hook, missing_part
 from conformance.adapters.protocol import missing_capabilities
 from conformance.case import CASE_SEPARATOR, Case
 from conformance.expectations import builtin_xfails, read_expectations
@@ -117,8 +118,8 @@ def _capability_skip(adapter, scenario) -> str:
     missing = missing_capabilities(adapter, scenario.requires)
     if missing:
         return f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}"
-    unavailable = getattr(adapter, "unavailable", None)
-    reason = unavailable(scenario) if callable(unavailable) else None
+    unavailable = hook(adapter, "unavailable")
+    reason = missing_part(adapter, scenario) or (unavailable(scenario) if callable(unavailable) else None)
     if not reason and scenario.features:  # the production loop's own limits, from the adapter's declarations
         from conformance.adapters.feature_support import unsupported
 

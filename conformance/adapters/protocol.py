@@ -31,6 +31,11 @@ Protocol v2 (engines that own more than the reducer: DeepSpeed, FairScale OSS,
 - `Adapter.checkpoint_api = True`: the round trip goes through the engine instead:
   `Wrapped.checkpoint_state()` returns everything to restore, the optimizer's state included
   (it is `torch.save`d in memory), and `load_checkpoint_state(state)` is called on a fresh wrap.
+- Every optional part above, with the default assumed where an adapter lacks it: `AdapterHooks`
+  and `WrappedHooks` below (`conformance.adapters.optional`). A keyword a call gained later
+  (`optimizer=` on `wrap`, `module_kwargs` on `data_parallel`) is read from the adapter's
+  signature: an adapter written before it keeps running every scenario that does not pass it, and
+  the scenarios that do are skipped at plan time with the one-line change to make.
 - Case ids, and so `--xfails` lines, start with the adapter as given to `--adapter` (e.g.
   `mymod:factory|ddp/plain/mlp/w2/fp32`); `Adapter.name` is the name in skip reasons. An engine
   built on torch DDP inherits `conformance/adapters/xfails/torch-ddp.txt`'s known failures.
@@ -165,6 +170,42 @@ class Wrapped(Protocol):
 OWNABLE = frozenset({"optimizer", "backward", "zero_grad"})
 
 
+class AdapterHooks:
+    """The optional parts of an adapter, with the default the suite assumes where one is absent.
+
+    Define only those you need (the suite reads each with `conformance.adapters.optional.hook`,
+    which falls back to these defaults), or subclass this to have them spelled out. What each
+    does: the module docstring above; `optional.ADAPTER_HOOKS` says it in one line each.
+    """
+
+    owns: frozenset[str] = frozenset()
+    owns_for: Callable[[Any], frozenset[str]] | None = None  # owns_for(scenario)
+    semantics: Any = None  # conformance.semantics.Semantics; None: torch DDP's
+    semantics_for: Callable[[Any], Any] | None = None  # semantics_for(scenario) -> Semantics
+    unavailable: Callable[[Any], str | None] | None = None  # unavailable(scenario) -> reason to skip
+    ddp_module: bool | None = None  # None: judged by the adapter's class (DDP-like adapters have it)
+    checkpoint_api: bool = False
+    deterministic: bool = False
+    chunk_sizes: Callable[[int, int], Any] | None = None  # data_parallel: chunk_sizes(rows, replicas)
+    devices: Callable[[Any], list] | None = None  # data_parallel: devices(scenario)
+
+
+class WrappedHooks:
+    """The optional parts of a `Wrapped`, with their defaults (None: the suite does without)."""
+
+    zero_grad: Callable[..., None] | None = None  # zero_grad(set_to_none=True)
+    backward: Callable[[Tensor], None] | None = None  # backward(loss), owns "backward"
+    optimizer: Any = None  # owns "optimizer"
+    clip_grad_norm_: Callable[[float], Any] | None = None
+    checkpoint_state: Callable[[], Any] | None = None  # checkpoint_api
+    load_checkpoint_state: Callable[[Any], None] | None = None  # checkpoint_api
+    allreduce_probe: Callable[[], Any] | None = None
+    local_shards: Callable[[], Any] | None = None
+    backward_stats: Callable[[], dict | None] | None = None
+    close: Callable[[], None] | None = None
+    ddp: Any = None
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """The scenario's optimizer, for adapters that build their own (protocol v2, owns "optimizer").
@@ -226,8 +267,10 @@ def owned(adapter, scenario=None) -> frozenset[str]:
     for its loss scaling and gradient accumulation, the user's plain `loss.backward()` otherwise)
     is driven the user's way wherever it can be.
     """
-    per_scenario = getattr(adapter, "owns_for", None)
-    chosen = per_scenario(scenario) if scenario is not None and callable(per_scenario) else getattr(adapter, "owns", ())
+    from conformance.adapters.optional import hook
+
+    per_scenario = hook(adapter, "owns_for")
+    chosen = per_scenario(scenario) if scenario is not None and callable(per_scenario) else hook(adapter, "owns")
     owns = frozenset(chosen or ())
     unknown = owns - OWNABLE
     if unknown:
