@@ -58,6 +58,8 @@ def test_the_entry_points_name_the_new_modules():
     text = (ROOT / "pyproject.toml").read_text()  # (tomllib needs Python 3.11; the project supports 3.10)
     script = text.split("[project.scripts]", 1)[1].split("[", 1)[0]
     plugin = text.split("[project.entry-points.pytest11]", 1)[1].split("[", 1)[0]
-    assert script.strip() == 'gradparity = "conformance.frontends.cli:main"'
-    assert plugin.strip() == 'gradparity = "conformance.frontends.plugin"'
+    # The suite's dependency check first (the `suite` extra, #40), then conformance.frontends.cli / .plugin.
+    assert script.strip() == 'gradparity = "conformance.frontends.extras:main"'
+    assert plugin.strip() == 'gradparity = "conformance.frontends.pytest_entry"'
     assert callable(importlib.import_module("conformance.frontends.cli").main)
+    assert importlib.import_module("conformance.frontends.pytest_entry").pytest_plugins == ["conformance.frontends.plugin"]

@@ -7,7 +7,8 @@ import pytest
 
 from conformance.adapters import optional
 from conformance.adapters.protocol import AdapterHooks, WrappedHooks
-from conformance.pipeline import Case, run_case
+from conformance.case import Case
+from conformance.pipeline import run_case
 from conformance.plan import Selection, make_plan
 from tests.conformance.area_cases import scenario
 
