@@ -36,6 +36,7 @@ ADAPTER_HOOKS: dict[str, tuple[Any, str]] = {
     "deterministic": (False, "declared bitwise run-to-run determinism (the determinism scenarios check it)"),
     "chunk_sizes": (None, "chunk_sizes(rows, replicas) -> sizes: how a data_parallel adapter splits a batch"),
     "devices": (None, "devices(scenario) -> list: a data_parallel adapter's devices; None: one CPU per replica"),
+    "cls": (None, "the engine class a DDP-like adapter wraps (the report reads its version)"),
 }
 WRAPPED_HOOKS: dict[str, tuple[Any, str]] = {
     "zero_grad": (None, "zero_grad(set_to_none=True): the engine's own (owns zero_grad, or zero_grad='engine')"),

@@ -188,6 +188,7 @@ class AdapterHooks:
     deterministic: bool = False
     chunk_sizes: Callable[[int, int], Any] | None = None  # data_parallel: chunk_sizes(rows, replicas)
     devices: Callable[[Any], list] | None = None  # data_parallel: devices(scenario)
+    cls: type | None = None  # the engine class a DDP-like adapter wraps (its version is reported)
 
 
 class WrappedHooks:

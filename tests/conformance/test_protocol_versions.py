@@ -23,6 +23,24 @@ def test_every_optional_hook_is_in_the_protocol_types_with_its_default(types, ho
     assert optional.hook(object(), "checkpoint_api") is False and optional.hook(object(), "owns") == frozenset()
 
 
+def test_every_optional_part_the_suite_reads_is_declared():
+    """A hook read by `getattr`/`hasattr` on an adapter or a Wrapped anywhere in the suite is declared
+    (with its default) or a required protocol member: no hook outside the protocol's types."""
+    import re
+    from pathlib import Path
+
+    from conformance.adapters.protocol import Adapter, Wrapped
+
+    required = set(Adapter.__annotations__) | {"wrap"} | set(Wrapped.__annotations__) | {
+        n for n in vars(Wrapped) if not n.startswith("_")}
+    declared = set(optional.ADAPTER_HOOKS) | set(optional.WRAPPED_HOOKS) | required
+    pattern = re.compile(r"(?:getattr|hasattr)\((?:adapter|wrapped|self\._wrapped), \"(\w+)\"")
+    root = Path(optional.__file__).parents[1]
+    read = {m for p in root.rglob("*.py") if "engines" not in p.parts and "mutants" not in p.parts
+            for m in pattern.findall(p.read_text())}
+    assert read and read <= declared, f"hooks read but not declared in protocol.AdapterHooks/WrappedHooks: {read - declared}"
+
+
 def _planned(spec: str, profile: str = "standard"):
     return make_plan(Selection(adapters=(spec,), profile=profile)).cases
 
