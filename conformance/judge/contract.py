@@ -93,9 +93,7 @@ def check_records(
     placements, judged = [], {}  # which placements of 1/W explain each judged event; what the oracle accepted
     count += _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol, exact_state, buffer_tol,
                            semantics, across_ranks=True, placements=placements, judged=judged)
-    details = {"oracle": _oracle_summary(baseline, tol, anchored)}
-    if len(tol.divide) > 1 and tol.exact:  # several placements of 1/W accepted: which one the engine matched
-        details["oracle"]["placement_matched"] = _placement_matched(placements)
+    details = {"oracle": _oracle_summary(baseline, tol, anchored) | _placement_matched(tol, placements)}
     if anchored:
         details["oracle"]["straight_through"] = _judge_straight_through(
             scenario, adapter, straight_through, records, errors, repro, fail, tol, semantics)
@@ -171,14 +169,15 @@ def _placement_first(what: str, bad: list, tol) -> str:
             "(declare it with gradparity_semantics, or in the adapter's Semantics.scaling)")
 
 
-def _placement_matched(placements: list[set[str]]) -> str:
-    """Which placement of 1/W explains every judged gradient (for the report)."""
-    if not placements:
-        return "not distinguishable (every order and placement agreed)"
-    common = set.intersection(*placements)
-    if not common:
-        return "none alone: some gradients only match pre, others only post"
-    return " and ".join(sorted(common)) + (" (indistinguishable here)" if len(common) > 1 else "")
+def _placement_matched(tol, placements: list[set[str]]) -> dict:
+    """Where several placements of 1/W are accepted, which one explains every judged gradient (for the report)."""
+    if len(tol.divide) < 2 or not tol.exact:
+        return {}
+    common = set.intersection(*placements) if placements else set()
+    matched = ("not distinguishable (every order and placement agreed)" if not placements else
+               "none alone: some gradients only match pre, others only post" if not common else
+               " and ".join(sorted(common)) + (" (indistinguishable here)" if len(common) > 1 else ""))
+    return {"placement_matched": matched}
 
 
 def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol, step_tol, buffer_tol, semantics,
@@ -214,7 +213,7 @@ def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol
             count += 1
             if bad:
                 fail(rank, expected.where(), _placement_first(what, bad, this_tol), bad, this_tol)
-            if judged is not None:
+            if judged is not None and this_tol.exact:  # what the exact rule accepted; a band is the rule itself
                 point, kind = (actual["kind"], actual.get("step"), actual.get("micro")), "grad" if backward else "param"
                 judged.update({(*point, kind, name, rank): v for name, v in expected.per_rank[rank].items()})
             if backward and placements is not None:
@@ -226,6 +225,9 @@ def _judge_events(scenario, adapter, baseline, records, errors, repro, fail, tol
                 bad = compare_dicts(wanted, actual["buffers"], buffer_tol)
                 if bad:
                     fail(rank, expected.where(), f"buffers differ from the oracle (rule: {buffer_rule})", bad, buffer_tol)
+                if judged is not None and buffer_tol.exact:  # a band is the recording's own rule (no value needed)
+                    point = (actual["kind"], actual.get("step"), actual.get("micro"))
+                    judged.update({(*point, "buffer", name, rank): v for name, v in wanted.items()})
         taking_part = [r for r in present if expected.per_rank[r] is not None]
         if across_ranks and expected.synced and taking_part:
             reference = records[taking_part[0]]["events"][index]["values"]
