@@ -335,9 +335,9 @@ def render_text(doc: dict, tolerance: str) -> list[str]:
         if f and f.get("max_ulps") is None:  # no values to weigh: say why (one side only, None, another shape)
             where += f" ({f['why']})"
         weighed = any(t.get("max_ulps") is not None for t in c["tensors"])
-        nums = f"; max {_fmt(c['max_ulps'])} ulps, rel {_fmt(c['max_rel'])}" if weighed else ""
-        verdicts = "" if c["verdicts"][0] == c["verdicts"][1] else f"; verdict {c['verdicts'][0]} -> {c['verdicts'][1]}"
-        lines.append(f"  {c['status']:7}  {c['case']:{width}}  {where}{nums}{verdicts}")
+        nums = f"max {_fmt(c['max_ulps'])} ulps, rel {_fmt(c['max_rel'])}" if weighed else ""
+        verdicts = "" if c["verdicts"][0] == c["verdicts"][1] else f"verdict {c['verdicts'][0]} -> {c['verdicts'][1]}"
+        lines.append(f"  {c['status']:7}  {c['case']:{width}}  " + "; ".join(x for x in (where, nums, verdicts) if x))
     for key, what in (("only_base", "recorded in BASE only"), ("only_new", "recorded in NEW only")):
         if doc[key]:
             lines.append(f"{len(doc[key])} case(s) {what}: {', '.join(doc[key][:20])}"
@@ -383,7 +383,9 @@ def cmd_compare(args) -> int:
     for line in render_text(doc, args.tolerance):
         print(line)
     print(f"compare json: {paths[FILES[0]]}\ncompare html: {paths[FILES[1]]}")
-    why = ("every common tensor bitwise equal" if not code and doc["first"] is None else
+    worse = [c["case"] for c in doc.get("verdict_changes", ()) if c["fails_gate"]]
+    why = (f"{len(worse)} case(s) went from passed to failed" if worse else
+           "every common tensor bitwise equal" if not code and doc["first"] is None else
            "differences within the oracle's rule only (--tolerance oracle)" if not code else
            "tensors moved beyond the oracle's rule" if doc["summary"]["beyond"] else "tensors moved (bitwise gate)")
     print(f"exit {code}: {why} ({doc['seconds']:.2f}s)", file=sys.stderr if code else sys.stdout)
