@@ -166,9 +166,11 @@ def _key(e: dict) -> str:
     return "|".join(str(e[k]) for k in ("point", "step", "micro", "kind", "name", "rank"))
 
 
-def oracle_expected(judged: dict | None, keys: set[str]) -> dict[str, dict]:
-    """What the oracle accepted for each recorded tensor, by entry key: `{"values": t}` (bitwise),
-    or an envelope's `candidates` and/or `center` and `radius` (conformance.envelope.Envelope).
+def oracle_expected(judged: dict | None, keys: dict[str, str]) -> dict[str, dict]:
+    """What the oracle accepted for each recorded tensor, by entry key: `{"digest": d}` where the
+    rule was bitwise and the recorded tensor (digest d) is the value, `{"values": t}` where it was
+    bitwise to another value, or an envelope's `candidates` and/or `center` and `radius`
+    (conformance.oracle.envelope.Envelope).
 
     The rule of one case at one step, derived from that run's own shares: `compare --tolerance
     oracle` judges a moved tensor by it, never by the straight-through band. Tensors shared by
@@ -188,7 +190,8 @@ def oracle_expected(judged: dict | None, keys: set[str]) -> dict[str, dict]:
             out[k] = {name: plain(getattr(value, name)) for name in ("candidates", "center", "radius")
                       if getattr(value, name) is not None}
         elif isinstance(value, torch.Tensor):
-            out[k] = {"values": plain(value)}
+            same = digest(_plain(value)) == keys[k]  # the usual case: stored once, as the recorded tensor
+            out[k] = {"digest": keys[k]} if same else {"values": plain(value)}
     return out
 
 
@@ -264,7 +267,7 @@ class Recorder:
             "failure_class": result.failure.failure_class.value if result.failure is not None else None,
             "rank_errors": {str(r): str(e)[:500] for r, e in errors.items()},
             "rules": _rules(case, result), "packed": pack(entries, tensors),
-            "oracle": oracle_expected(getattr(result.checked, "expected", None), {_key(e) for e in entries}),
+            "oracle": oracle_expected(getattr(result.checked, "expected", None), {_key(e): e["digest"] for e in entries}),
         }
         path = os.path.join(self.directory, CASES, _file_name(case.id))
         _atomic(path, lambda tmp: torch.save(doc, tmp))

@@ -76,6 +76,10 @@ def test_a_derived_rule_judges_by_its_case_and_step_never_by_the_straight_throug
     assert d["status"] == "beyond" and "derived for this case and step" in d["why"]
     assert tensor_diff(base, moved, order, {"values": moved})["status"] == "within"
     assert tensor_diff(base, moved, order, {"values": base})["status"] == "beyond"
+    from conformance.recording import digest
+
+    assert tensor_diff(base, moved, order, {"digest": digest(moved)})["status"] == "within"  # NEW's own bitwise value
+    assert tensor_diff(base, moved, order, {"digest": digest(base)})["status"] == "beyond"  # edited after the run
 
 
 def record_dir(path, cases: dict) -> str:
