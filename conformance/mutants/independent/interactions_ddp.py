@@ -317,12 +317,11 @@ class ParamsReplacedAtWrap(Engine):
         fresh: dict[int, nn.Parameter] = {}
         old: dict[int, nn.Parameter] = {}
         for mod in module.modules():
-            for name, p in list(mod._parameters.items()):
-                if p is not None:
-                    if id(p) not in fresh:  # tied weights stay tied
-                        fresh[id(p)] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
-                        old[id(p)] = p
-                    mod._parameters[name] = fresh[id(p)]
+            for name, p in list(mod.named_parameters(recurse=False, remove_duplicate=False)):
+                if id(p) not in fresh:  # tied weights stay tied
+                    fresh[id(p)] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+                    old[id(p)] = p
+                setattr(mod, name, fresh[id(p)])  # a Parameter assigned re-registers it
         super().__init__(module, *args, **kwargs)
         # weak references only: an old parameter still alive is held by someone else (an optimizer)
         self.__dict__["_orphans"] = [weakref.ref(p) for p in old.values()]
