@@ -110,13 +110,14 @@ class Features:
                          if getattr(self, f.name) != getattr(defaults, f.name))
 
 
-def inputs(scenario: Scenario, feats: Features, *, rank: int, step: int, micro: int, device) -> torch.Tensor:
+def inputs(scenario: Scenario, feats: Features, *, rank: int, step: int, micro: int, device):
     """Rank `rank`'s shard, with the scenario's injected overflow where it asks for one."""
     (x,) = make_inputs(
         scenario.model, seed=scenario.seed, rank=rank, step=step, micro=micro,
         size=scenario.shard_size(rank), dtype=scenario.dtype, device=device,
     )
-    if feats.inf_at is not None and tuple(feats.inf_at) == (rank, step) and x.is_floating_point():
+    if (feats.inf_at is not None and tuple(feats.inf_at) == (rank, step) and isinstance(x, torch.Tensor)
+            and x.is_floating_point()):
         x = x.clone()
         x.view(-1)[0] = float("inf")
     return x

@@ -139,7 +139,7 @@ def run_case(case: Case, executor: Executor, recorder: Recorder | None = None) -
     if case.skip:
         return _recorded(recorder, CaseResult(case, "skipped", case.skip))
     t0 = time.perf_counter()
-    outcome = checked = failure = taps = None
+    outcome = checked = failure = taps = error = None
     message, fired_before = "", _in_process_fired(case)
     try:
         with tapping(recorder is not None) as taps:  # what an in-process area judged as it ran
@@ -147,10 +147,12 @@ def run_case(case: Case, executor: Executor, recorder: Recorder | None = None) -
         checked = _judge(case, outcome, executor)
         verdict = "passed"
     except Exception as exc:  # noqa: BLE001 - classified: a harness bug is an `error`, never a crash of the run
-        failure = classify_exception(exc)
+        failure, error = classify_exception(exc), exc
         verdict, message = failure.failure_class.verdict, str(exc)
     result = CaseResult(case, verdict, message, failure, time.perf_counter() - t0, checked)
     _read_records(result, outcome, fired_before)
+    if verdict != "passed":  # what the judge found beside its message (judge.divergence: where it diverged)
+        result.details.update(getattr(error, "details", None) or {})
     if case.xfail is not None and verdict != "error":  # an infrastructure error is never an expected failure
         # An expected failure keeps the error it actually showed (`message`) beside why it is expected.
         if verdict == "failed":

@@ -44,6 +44,10 @@ class Selection:
     skip_files: tuple[str, ...] = ()
     keyword: str = ""  # pytest's -k expression over case ids ("" when none): the user's own entries it names are checked
     builtin_xfails: bool = True  # the built-in adapters' lists of known upstream failures
+    # The user's own model (`--model`): these scenarios instead of the catalogue's, and no
+    # built-in expectations (they name catalogue cases); notes say what was found before any rank started
+    user_scenarios: tuple = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def specs(self) -> tuple[str, ...]:
@@ -62,9 +66,9 @@ def plan_cases(selection: Selection) -> list[Case]:
 
 def make_plan(selection: Selection) -> Plan:
     adapters = {spec: registry.load(spec) for spec in selection.specs}
-    scenarios = [s for s in catalogue.select(profile=selection.profile, world_sizes=selection.world_sizes,
-                                             device=selection.device, ids=selection.ids)
-                 if not selection.areas or s.area in selection.areas]
+    chosen = selection.user_scenarios or catalogue.select(profile=selection.profile, world_sizes=selection.world_sizes,
+                                                          device=selection.device, ids=selection.ids)
+    scenarios = [s for s in chosen if not selection.areas or s.area in selection.areas]
     expectations = _expectations(selection, adapters)
     plan, hit = Plan(), set()
     for spec, adapter in adapters.items():

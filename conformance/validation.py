@@ -124,5 +124,7 @@ def validate(selection, *, report_dir: str | None = None) -> dict[str, object]:
         unknown = [s for s in selection.ids if s.removesuffix("/cuda") not in known]
         if unknown:
             raise UsageError(f"unknown scenario {unknown[0]!r}; see `gradparity list`")
-    check_world_sizes(selection.profile, list(selection.world_sizes), adapters, selection.device, ids=list(selection.ids))
+    if not getattr(selection, "user_scenarios", ()):  # the user's model: its scenarios are built for the sizes asked
+        check_world_sizes(selection.profile, list(selection.world_sizes), adapters, selection.device,
+                          ids=list(selection.ids))
     return adapters

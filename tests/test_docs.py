@@ -89,3 +89,27 @@ def test_the_readme_training_loop_runs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0 and "readme example ran" in proc.stdout, proc.stderr
+
+
+@pytest.mark.slow
+def test_the_your_model_page_runs_as_written(tmp_path):
+    """docs/your-model.md: its model file, its command and its Python example, as written, in a fresh directory."""
+    page = (ROOT / "docs" / "your-model.md").read_text()
+    model_file, example = (block.split("```", 1)[0] for block in page.split("```python\n")[1:3])
+    command = page.split("```bash\n", 1)[1].split("```", 1)[0].strip()
+    assert len(model_file.strip().splitlines()) <= 12 and len(example.strip().splitlines()) <= 10
+    (tmp_path / "my_model.py").write_text(model_file)
+    (tmp_path / "example.py").write_text(example)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    gradparity = [sys.executable, "-m", "conformance.frontends.cli"]
+    argv = gradparity + command.split()[1:] + ["--report-dir", str(tmp_path / "reports")]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "torch-ddp|ddp/plain/my_model:build/w2/fp32" in (tmp_path / "reports" / "gradparity.json").read_text()
+    assert "note: forward draws random numbers (dropout)" in proc.stderr
+    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0 and "my_model:build: conformant" in proc.stdout, proc.stdout[-3000:] + proc.stderr
+    bad = subprocess.run(gradparity + ["run", "--model", "my_model:nope", "--batch", "my_model:batch"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "has no attribute 'nope'" in bad.stderr

@@ -12,7 +12,8 @@ from tests.import_graph import ROOT, circles, edges, modules
 # import its own layer and those below. A new module needs a place here (the last test says so).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("conformance.areas", "conformance.spec", "conformance.topology", "conformance.catalogue.profiles",
-                    "conformance.semantics", "conformance.expectations", "conformance._deprecated")),
+                    "conformance.semantics", "conformance.expectations", "conformance._deprecated",
+                    "conformance._version")),
     ("models and features", ("conformance.models", "conformance.features")),
     ("catalogue", ("conformance.catalogue",)),
     ("oracle", ("conformance.oracle",)),

@@ -6,7 +6,7 @@ policy) is `conformance.catalogue.ddp_scenario`; `make` and `FUF` are re-exporte
 
 from __future__ import annotations
 
-from conformance.catalogue import ddp_checklist, ddp_features, training_loop
+from conformance.catalogue import ddp_checklist, ddp_features, realistic, training_loop
 from conformance.catalogue.ddp_scenario import FUF, make
 from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.spec import Expect, Scenario, WrapOptions
@@ -23,6 +23,7 @@ def scenarios(area: str = "ddp") -> list[Scenario]:
     m = lambda *a, **k: make(*a, area=area, **k)  # noqa: E731
     out = [*_basics(m), *_bucketing(m), *_unused_parameters(m), *_no_sync(m), *_model_structure(m), *_data(m),
            *_precision_and_compression(m)]
+    out += realistic.scenarios(m)  # issue 39: GPT, Llama, MoE, ResNet (conformance/catalogue/realistic.py)
     if area == "ddp":  # the training-loop scenarios (conformance/catalogue/training_loop.py)
         out += training_loop.scenarios(m)
         out += ddp_checklist.scenarios(m)  # issue 30's checklist cells (conformance/catalogue/ddp_checklist.py)

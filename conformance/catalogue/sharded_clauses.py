@@ -11,7 +11,7 @@ from __future__ import annotations
 from conformance.spec import Scenario
 
 # Models with buffers that training updates (see `conformance.catalogue.sharded`).
-BUFFER_READING_MODELS = {"buffered", "cnn-bn"}
+BUFFER_READING_MODELS = {"buffered", "cnn-bn", "resnet"}
 
 
 def _padded(s: Scenario) -> bool:

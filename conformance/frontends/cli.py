@@ -65,7 +65,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args) -> list[str]:
     """Every check that can refuse bad input does so here, before pytest or any rank starts."""
-    return list(options.selection(args).adapters)
+    chosen = options.selection(args)
+    for note in chosen.notes:  # what the user's model showed in this process (randomness, unused parameters)
+        print(f"gradparity: note: {note}", file=sys.stderr)
+    return list(chosen.adapters)
 
 
 def pytest_args(args, specs: list[str]) -> list[str]:
@@ -87,6 +90,11 @@ def pytest_args(args, specs: list[str]) -> list[str]:
         out += ["--skips", path]
     if args.record:
         out += ["--gradparity-record", args.record]  # conformance/recording.py
+    for flag in ("model", "batch", "loss"):  # your own model (docs/your-model.md)
+        if getattr(args, flag):
+            out += [f"--{flag}", getattr(args, flag)]
+    if args.model:
+        out += ["--optimizer", args.optimizer] + [a for f in args.family for a in ("--family", f)]
     if args.keyword:
         out += ["-k", args.keyword]
     if args.workers:

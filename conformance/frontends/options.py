@@ -48,6 +48,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("--timeout-scale", "multiply every scenario's timeout (slow machines)", {"type": float, "default": 1.0}),
     Option("--record", "record every judged tensor (values, digests, provenance) into DIR, for `gradparity compare`",
            {"default": None, "metavar": "DIR"}, pytest_flag="--gradparity-record"),
+    # Your own model (docs/your-model.md): the model-independent families instead of the catalogue
+    Option("--model", "your model: pkg.module:build, a function returning your nn.Module (with --batch)",
+           {"default": None}),
+    Option("--batch", "your data: pkg.module:batch, batch(rank, step, micro) -> inputs or (inputs, target)",
+           {"default": None}),
+    Option("--loss", "your loss: pkg.module:loss, loss(output, target) -> scalar (default: a weighted sum of outputs)",
+           {"default": None}),
+    Option("--optimizer", "the optimizer of your model's plain families: sgd (default) or adam", {"default": "sgd"},
+           choices=("sgd", "adam")),
+    Option("--family", "with --model: only these families (repeatable; default all but compile-model)",
+           {"action": "append", "default": []}),
 )
 
 
@@ -77,9 +88,43 @@ def selection(values, *, areas=(), check_reports: bool = True):
                        world_sizes=tuple(values.world_size), device=values.device, ids=tuple(values.scenario),
                        xfail_files=tuple(values.xfails), skip_files=tuple(values.skips),
                        keyword=getattr(values, "keyword", None) or "")
+    if getattr(values, "model", None) or getattr(values, "batch", None):
+        chosen = _with_user_model(values, chosen)
     validate(chosen, report_dir=values.report_dir if check_reports else None)
     if check_reports and getattr(values, "record", None):
         from conformance.recording import check_directory
 
         check_directory(values.record)
     return chosen
+
+
+def _with_user_model(values, chosen):
+    """`--model/--batch/--loss`: the user's model's scenarios for the selected ddp and sharded
+    adapters (default: torch-ddp and refimpl-ddp), checked in this process first (one line, exit 2)."""
+    from dataclasses import replace
+
+    from conformance.adapters import registry
+    from conformance.frontends import model_check
+    from conformance.models.user import UserModelError
+    from conformance.validation import UsageError
+
+    if not (values.model and values.batch):
+        raise UsageError("--model and --batch go together: --model pkg.module:build --batch pkg.module:batch")
+    if chosen.ids:
+        raise UsageError("--scenario picks catalogue scenarios; with --model use --family and --world-size")
+    specs = chosen.adapters or model_check.DEFAULT_ADAPTERS
+    try:
+        areas = tuple(dict.fromkeys(registry.load(spec).area for spec in specs))
+    except registry.AdapterError as exc:
+        raise UsageError(str(exc)) from None
+    if not set(areas) & {"ddp", "sharded"}:
+        raise UsageError("--model runs on ddp or sharded adapters (e.g. --adapter torch-ddp)")
+    try:
+        scenarios, notes = model_check.user_scenarios(
+            values.model, values.batch, values.loss, areas=tuple(a for a in areas if a in ("ddp", "sharded")),
+            world_sizes=tuple(values.world_size) or (2,), families=tuple(values.family) or model_check.DEFAULT_FAMILIES,
+            optimizer=values.optimizer)
+    except (UserModelError, ValueError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    return replace(chosen, adapters=tuple(specs), user_scenarios=tuple(scenarios), notes=tuple(notes),
+                   builtin_xfails=False, world_sizes=())

@@ -241,3 +241,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"recording: {gp.recorder.directory} ({len(gp.recorded['case_files'])} cases, "
                                     f"{gp.recorded['bytes'] / 1e6:.1f} MB, {gp.recorded['record_seconds_this_process']:.1f} s spent "
                                     "recording in this process); compare two with `gradparity compare BASE NEW`")
+
+
+@pytest.fixture
+def gradparity_check(request):
+    """`check_model` for a test of your own model (docs/your-model.md):
+
+        def test_my_model_trains_like_one_process(gradparity_check):
+            result = gradparity_check(my_model.build, my_model.batch, loss=my_model.loss)
+            assert result.ok, result.summary
+
+    Adapters and world sizes come from `--adapter`/`--world-size` when given (else torch-ddp and
+    refimpl-ddp at 2 ranks); the cases run on this pytest process's warm rank pools."""
+    from conformance.frontends import model_check
+
+    session: Session = request.config._gradparity
+
+    def check(build, batch, loss=None, **kwargs):
+        kwargs.setdefault("adapters", session.selection.adapters or model_check.DEFAULT_ADAPTERS)
+        kwargs.setdefault("world_sizes", session.selection.world_sizes or (2,))
+        return model_check.check_model(build, batch, loss, executor=session.executor, **kwargs)
+
+    return check

@@ -208,6 +208,14 @@ def compare_dicts(expected: dict, actual: dict, tol: Tolerance) -> list[Mismatch
 EXACT_ACROSS_RANKS = Tolerance(True, reason="ranks must be bitwise identical")
 
 
+def first_divergence(where: str, name: str) -> str:
+    """The line every wrong-value failure carries: the first (step, micro-batch, module, tensor) out
+    of its rule. Mismatches come in the model's registration order, so the first named is the first
+    tensor of the first event that left its rule (the HTML's divergence map shows the rest)."""
+    module, _, tensor = name.rpartition(".")
+    return f"first outside its rule: {where}, module {module or '(root)'}, tensor {tensor}"
+
+
 class ConformanceError(AssertionError):
     """A contract violation; its message is the whole explanation."""
 
@@ -218,8 +226,10 @@ def failure_message(
 ) -> str:
     lines = [
         f"[{scenario_id}] adapter {adapter}: rank {rank}, {where}: {what}",
+        f"  {first_divergence(where, mismatches[0].name)}" if mismatches else "",
         f"  tolerance: {tol.describe()} ({tol.reason})",
     ]
+    lines = [line for line in lines if line]
     for m in mismatches[:limit]:
         lines.append(f"  - {m.render()}")
     if len(mismatches) > limit:

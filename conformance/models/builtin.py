@@ -298,3 +298,17 @@ BUILTIN_MODELS: dict[str, tuple[Callable[..., nn.Module], InputSpec, str]] = {
     "ckpt-mlp": (CheckpointedMLP, InputSpec((8,)), "MLP with activation-checkpointed segments"),
     "dict-out": (DictOut, InputSpec((8,)), "outputs in a dict and a list"),
 }
+
+# Realistic architectures (issue 39), one module each; their declared properties (dropout,
+# buffers, unused parameters, MoE) are `conformance.models.registry`.
+from conformance.models.gpt import GPT  # noqa: E402
+from conformance.models.llama import Llama  # noqa: E402
+from conformance.models.moe import MoEModel  # noqa: E402
+from conformance.models.resnet import ResNet  # noqa: E402
+
+BUILTIN_MODELS.update({
+    "gpt": (GPT, InputSpec((8,), "index", 32), "GPT-style decoder: tied embeddings, LayerNorm, causal attention, dropout"),
+    "llama": (Llama, InputSpec((8,), "index", 32), "Llama-style decoder: RMSNorm, rotary, SwiGLU, grouped-query attention"),
+    "moe": (MoEModel, InputSpec((3,), "index", 32), "top-2 of 8 routed mixture of experts with capacity and an aux loss"),
+    "resnet": (ResNet, InputSpec((3, 8, 8)), "ResNet-style CNN: residual blocks, BatchNorm"),
+})

@@ -36,6 +36,7 @@ class Anchor:
         self._params: dict[int, dict[str, Tensor]] = {}  # step -> params after it (anchor rank)
         self._buffers: dict[int, list[dict[str, Tensor] | None]] = {}  # step -> per-rank buffers after it
         self._grads: dict[int, dict[str, Tensor | None]] = {}  # step -> synced grads (anchor rank)
+        self._rng: dict[tuple[int, int, int], dict] = {}  # (rank, step, micro) -> RNG state before that forward
         for rank in range(world_size):
             record = records.get(rank) or {}
             for event in record.get("events") or []:
@@ -46,6 +47,8 @@ class Anchor:
                     self._buffers.setdefault(step, [None] * world_size)[rank] = event.get("buffers")
                 elif event.get("kind") == "backward" and event.get("synced") and values is not None:
                     self._grads.setdefault(step, values)
+                if event.get("kind") == "backward" and event.get("rng") is not None:
+                    self._rng[(rank, step, event.get("micro", 0))] = event["rng"]
         # The backend's all-reduce order, probed by the ranks (Wrapped.allreduce_probe; the same on every rank).
         self.allreduce_probe = (records.get(0) or {}).get("allreduce_probe")
 
@@ -57,6 +60,10 @@ class Anchor:
         """Every rank's buffers entering `step` (None where unknown)."""
         per_rank = self._buffers.get(step - 1) if step > 0 else None
         return per_rank if per_rank is not None and all(b is not None for b in per_rank) else None
+
+    def rng_before(self, rank: int, step: int, micro: int) -> dict | None:
+        """The RNG state rank `rank` had before the forward of (step, micro) (oracle.streams)."""
+        return self._rng.get((rank, step, micro))
 
     def grads(self, step: int) -> dict[str, Tensor | None] | None:
         """The engine's synced gradients of `step` (what its optimizer stepped on)."""

@@ -49,6 +49,7 @@ from conformance.oracle.accumulation import (
 from conformance.oracle.anchor import Anchor, load_params
 from conformance.oracle.baseline_events import Baseline, Expected, Grads, dense, load_buffers
 from conformance.oracle.envelope import reduce, reference, rule_of
+from conformance.oracle.streams import Streams, isolated
 from conformance.semantics import (
     TORCH_DDP,
     Accumulation,
@@ -86,7 +87,7 @@ def average(local: list[Grads], world_size: int, rule: Tolerance = EXACT) -> dic
 @functools.lru_cache(maxsize=256)
 def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
     """The oracle for `scenario` under the declared `semantics`, computed once per process."""
-    with _single_thread():
+    with _single_thread(), isolated(scenario.device):
         if scenario.features:  # join, AMP, compile ...: conformance.oracle.baseline_features
             return baseline_features.compute(scenario, semantics)
         return _compute(scenario, semantics)
@@ -95,7 +96,7 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP) -> Baseline:
 def compute_anchored(scenario: Scenario, semantics: Semantics, records: dict[int, dict]) -> Baseline:
     """The oracle re-anchored on the engine's own state at every step (`conformance.oracle.anchor`)."""
     anchor = Anchor(records, scenario.world_size)
-    with _single_thread():
+    with _single_thread(), isolated(scenario.device):
         if scenario.features:
             return baseline_features.compute(scenario, semantics, anchor=anchor)
         return _compute(scenario, semantics, anchor)
@@ -167,6 +168,7 @@ class _Replay:
         # Declared dynamic loss scaling inside the engine's backward (DeepSpeed fp16): replayed step by step.
         self.scaler = sem.loss_scaler.start() if sem.loss_scaler is not None else None
         self.baseline = Baseline(scenario, self._state(), self._buffers(), [])
+        self.streams = Streams(scenario, anchor)  # each rank's dropout stream, replayed (conformance.oracle.streams)
 
         # What each rank holds after construction: rank 0's state, unless a declared rule says the
         # sync happens later (first forward) or never (buffers).
@@ -202,6 +204,7 @@ class _Replay:
             avg, skipped, after_forward = self._backwards(step)
             self._step(step, avg, skipped)
             self._step_event(step, after_forward)
+        self.baseline.rng_break = self.streams.broken
         return self.baseline
 
     def _reanchor(self, step: int) -> None:
@@ -252,7 +255,8 @@ class _Replay:
         )
         # A mixed-precision policy: forward/backward in param_dtype from cast masters (baseline_mixed).
         fwd, fwd_params = baseline_mixed.compute_module(model, self.params, scenario)
-        loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
+        with self.streams.forward(rank, step, micro):
+            loss = forward_loss(fwd, scenario, x, rank=rank, step=step, micro=micro, device=scenario.device)
         if self.scaler is not None:
             if self.mean:  # declared with the scaler: engine.backward divides the loss by the count, then scales it
                 loss = loss / scenario.micro_batches

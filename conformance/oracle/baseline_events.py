@@ -50,6 +50,9 @@ class Baseline:
     # (construction sync at the first forward; buffers never synchronized); None: rank 0's.
     init_params_ranks: list[dict[str, Tensor]] | None = None
     init_buffers_ranks: list[dict[str, Tensor]] | None = None
+    # (rank, step, micro, cause): the first forward whose recorded RNG state is not where the rank's
+    # previous forward left the stream, in a model that draws random numbers (conformance.oracle.streams)
+    rng_break: tuple[int, int, int, str] | None = None
 
     def init_for(self, rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         params = self.init_params_ranks[rank] if self.init_params_ranks else self.init_params

@@ -34,13 +34,14 @@ from conformance.features import (
     model_kwargs,
     optimizer,
 )
-from conformance.models.data import build_model, loss_fn
+from conformance.models.data import build_model, model_loss
 from conformance.oracle.accumulation import add_grad, reduced_per_micro_batch
 from conformance.oracle.anchor import load_params
 from conformance.oracle.baseline_events import Baseline, Expected, dense, load_buffers
 from conformance.oracle.clip_bound import ClipBound
 from conformance.oracle.clip_bound import applies as clip_applies
 from conformance.oracle.envelope import reduce, reference, rule_of
+from conformance.oracle.streams import Streams
 from conformance.semantics import (
     TORCH_DDP,
     Accumulation,
@@ -101,6 +102,7 @@ class _FeatureReplay:
         device_type = torch.device(scenario.device).type
         self.scaler = torch.amp.GradScaler(device_type, init_scale=feats.init_scale) if feats.grad_scaler else None
         self.baseline = Baseline(scenario, self._state(), self._buffers(), [])
+        self.streams = Streams(scenario, anchor)  # each rank's dropout stream, replayed (conformance.oracle.streams)
         lazy = semantics.construction_sync == ConstructionSync.FIRST_FORWARD
         self.first_step = semantics.construction_sync == ConstructionSync.FIRST_STEP
         self.own_params = None
@@ -161,6 +163,7 @@ class _FeatureReplay:
             self._step_event(step, active, after_forward, bounds)
         if feats.join and not feats.throw_on_early_termination:
             self.baseline.events.append(Expected("joined", feats.total_steps(self.scenario), 0, True, [self._state()] * W))
+        self.baseline.rng_break = self.streams.broken
         return self.baseline
 
     def _reanchor(self, step: int) -> None:
@@ -190,8 +193,8 @@ class _FeatureReplay:
             accumulated = {n: None for n, _ in named}
             for micro in range(M):
                 x = inputs(scenario, feats, rank=rank, step=step, micro=micro, device=scenario.device)
-                with autocast(feats, scenario.device):
-                    loss = loss_fn(model(x, rank=rank, micro=micro))
+                with autocast(feats, scenario.device), self.streams.forward(rank, step, micro):
+                    loss = model_loss(model, scenario.model, x, rank=rank, micro=micro)
                 if self.scaler is not None:
                     loss = self.scaler.scale(loss)
                 grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)

@@ -3,7 +3,8 @@
 Provenance (command, commit, torch, adapters with versions), an adapter × scenario matrix per
 area (colour = verdict; every xfail and skip reason written out under its table, not only in a
 tooltip), every expected failure with the reason it is expected beside the error actually seen,
-every failure in full, upstream issues as links (links.py), and one bucket timeline per adapter
+every failure in full with, where values left their rule, the module × event picture of how far
+(divergence_html.py), upstream issues as links (links.py), and one bucket timeline per adapter
 (timeline.py).
 """
 
@@ -13,6 +14,8 @@ import html
 import os
 from collections import defaultdict
 
+from conformance.report.divergence_html import CSS as DIVERGENCE_CSS
+from conformance.report.divergence_html import for_result as divergence_picture
 from conformance.report.links import linkify
 from conformance.report.record import intermittent_outcome, one_line
 from conformance.report.timeline import section as timelines_section
@@ -191,7 +194,7 @@ def render(report: dict) -> str:
         + (f' ({_e(r["failure_class"])})' if r.get("failure_class") else "")
         + f'</h3><p><b>cause:</b> {_e(one_line(r))}</p>'
         + (f"<p><b>listed as an expected failure:</b> {linkify(r['xfail_reason'])}</p>" if r.get("xfail_reason") else "")
-        + f'<pre>{_e(r["message"])}</pre>'
+        + f'<pre>{_e(r["message"])}</pre>' + divergence_picture(r)  # per module x event: how far outside the rule
         for r in report["results"] if r["verdict"] in ("failed", "error", "xpassed")
     )
     classes = ", ".join(f"{c}: {n}" for c, n in s.get("failure_classes", {}).items() if n)
@@ -204,7 +207,7 @@ def render(report: dict) -> str:
     commit = suite.get("commit") or "unknown (not a git checkout, no VCS install record)"
     dirty = " (with uncommitted changes)" if suite.get("dirty") else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>gradparity report</title>
-<style>{CSS}</style></head><body>
+<style>{CSS}{DIVERGENCE_CSS}</style></head><body>
 <h1>gradparity conformance report</h1>
 <table class="meta">
 <tr><td>suite</td><td>{_e(suite['name'])} {_e(suite['version'])} (schema {_e(report['schema'])}), commit <code>{_e(commit)}</code>{_e(dirty)}</td></tr>

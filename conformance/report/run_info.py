@@ -89,14 +89,15 @@ def _recorded_commit(distribution: str) -> str | None:
 @functools.cache
 def suite_provenance() -> dict:
     """{'version', 'commit', 'commit_source', 'dirty'} for the installed suite (cached per process)."""
-    import conformance
+    from conformance import _version
+    from conformance._version import __version__
 
-    info = {"version": conformance.__version__, "commit": None, "commit_source": None, "dirty": None}
+    info = {"version": __version__, "commit": None, "commit_source": None, "dirty": None}
     try:
         info["distribution_version"] = metadata.version("gradparity")
     except metadata.PackageNotFoundError:
         info["distribution_version"] = None
-    root = os.path.dirname(os.path.dirname(os.path.abspath(conformance.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_version.__file__)))
     found = _git_commit(root)
     if found:
         info["commit"], info["dirty"] = found

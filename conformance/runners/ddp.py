@@ -17,7 +17,14 @@ import torch
 
 from conformance.adapters import registry
 from conformance.adapters.protocol import OptimizerSpec, owned
-from conformance.models.data import build_model, forward_loss, loss_fn, make_inputs, make_optimizer
+from conformance.models import rng
+from conformance.models.data import (
+    build_model,
+    forward_loss,
+    make_inputs,
+    make_optimizer,
+    model_loss,
+)
 from conformance.spec import Expect, Scenario
 
 SKEW_S = 0.25  # how long the last rank sleeps in rank-skewed scenarios (never judged as time)
@@ -50,12 +57,13 @@ class _Run:
     def __init__(self, scenario: Scenario, adapter, ctx):
         self.scenario, self.ctx = scenario, ctx
         self.owns = owns = owned(adapter, scenario)
-        torch.manual_seed(scenario.seed)
+        torch.manual_seed(rng.seed_of(scenario.seed, ctx.rank))  # the stream dropout draws from (conformance.models.rng)
         self.record: dict = {"events": [], "error": None, "seconds": {}}
         self.model = build_model(
             scenario.model, scenario.kwargs(), seed=scenario.seed, rank=ctx.rank,
             dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
         )
+        self.tap = rng.ForwardTap(self.model, ctx.device)  # the RNG state each forward of the user's module starts from
         t0 = time.perf_counter()
         if "optimizer" in owns:  # protocol v2: the engine builds (and steps) its own optimizer
             spec = OptimizerSpec(scenario.optimizer, micro_batches=scenario.micro_batches)
@@ -109,19 +117,20 @@ class _Run:
         scenario, wrapped, rank = self.scenario, self.wrapped, self.ctx.rank
         x = self._inputs(step, scenario.micro_batches)
         with wrapped.no_sync():
-            self.backward(loss_fn(wrapped(x, rank=rank, micro=scenario.micro_batches)))
+            self.backward(model_loss(wrapped, scenario.model, x, rank=rank, micro=scenario.micro_batches))
         _zero_grad(scenario, step, self.optimizer, wrapped, self.owns)
 
     def _backward(self, step: int, micro: int, synced: bool) -> None:
         """One micro-batch: inside no_sync() unless it is the step's last (the synced one)."""
         scenario, wrapped, ctx = self.scenario, self.wrapped, self.ctx
         x = self._inputs(step, micro)
+        self.tap.take()  # a forward outside this micro-batch (discard_no_sync) is not this one's
         if scenario.kwargs().get("no_sync_split"):
             # Issue 30 (when is the flag read?): the forward decides (torch DDP's rule), so a
             # forward inside no_sync() whose backward runs outside it accumulates locally,
             # and a forward outside whose backward runs inside it is reduced.
             with contextlib.nullcontext() if synced else wrapped.no_sync():
-                loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
+                loss = model_loss(wrapped, scenario.model, x, rank=ctx.rank, micro=micro)
             with wrapped.no_sync() if synced else contextlib.nullcontext():
                 self.backward(loss)
         else:
@@ -134,7 +143,8 @@ class _Run:
         self.record["events"].append(
             {"kind": "backward", "step": step, "micro": micro, "synced": synced, "values": wrapped.full_gradients(),
              "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording); never judged
-             "shards": _local_shards(wrapped) if synced else None}  # sharded area: conformance/judge/shards.py
+             "shards": _local_shards(wrapped) if synced else None,  # sharded area: conformance/judge/shards.py
+             "rng": self.tap.take()}  # where this forward's random numbers started (the oracle replays it)
         )
 
     # -- 4. step ----------------------------------------------------------------------------
@@ -186,8 +196,16 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]):
 
     semantics = declared(registry.load(adapter_spec), scenario)
     anchored, straight = baseline.oracles(scenario, semantics, records)
-    checked = contract.check_records(scenario, adapter_spec, anchored, records, semantics=semantics,
-                                     straight_through=straight)
+    try:
+        checked = contract.check_records(scenario, adapter_spec, anchored, records, semantics=semantics,
+                                         straight_through=straight)
+    except contract.ConformanceError as exc:  # where it diverged, every event x tensor (the HTML draws it)
+        from conformance.judge.divergence import divergence_map
+        from conformance.oracle.envelope import rule_of
+
+        exc.details = {"divergence": divergence_map(anchored, records, rule_of(scenario, semantics),
+                                                    contract.EXACT_AFTER_STEP)}
+        raise
     # Every declared deviation from torch DDP's rules travels with the verdict into the report.
     checked.details.update(declared=semantics.deviations(), declared_sources=list(semantics.sources))
     if scenario.area == "sharded":  # each rank's own shard, as well as the gathered tensors (S12)

@@ -30,7 +30,8 @@ from conformance.features import (
     wrapping,
 )
 from conformance.features import optimizer as make_optimizer
-from conformance.models.data import build_model, loss_fn
+from conformance.models import rng
+from conformance.models.data import build_model, model_loss
 from conformance.spec import Expect, Scenario
 
 _COMPILED_PREFIX = "_orig_mod."
@@ -70,7 +71,7 @@ def _wrapper(wrapped, what: str):
     return ddp
 
 
-def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
+def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int, taps: list | None = None):
     model = build_model(
         scenario.model, model_kwargs(scenario, feats, oracle=False), seed=seed, rank=ctx.rank,
         dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
@@ -80,6 +81,10 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
         # does not guard on the wrapper (torch DDP's DDPOptimizer splits the graph at the
         # bucket boundaries of the first DDP it compiled under, and a later case reused them).
         torch.compiler.reset()
+    # The RNG state each forward of the user's module starts from (not under compile: a hook there
+    # would break Dynamo's graph; compile scenarios draw no random numbers in forward).
+    if taps is not None and not feats.compile:
+        taps.append(rng.ForwardTap(model, ctx.device))
     if feats.compile == "model":
         model = torch.compile(model, backend=feats.compile_backend)
     if "optimizer" in owned(adapter, scenario):  # protocol v2: the engine builds (and steps) its own optimizer
@@ -97,7 +102,7 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int):
     return wrapped
 
 
-def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
+def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps=None):
     """Save wrapper + optimizer (+ scaler), rebuild everything from scratch, load, go on.
 
     Through the engine's own checkpoint API where it has one (`Wrapped.checkpoint_state`,
@@ -108,7 +113,7 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
         from conformance.runners.sharded_checkpoint import round_trip
 
         def rebuild():
-            new = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1)
+            new = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1, taps=taps)
             return new, (new.optimizer if "optimizer" in owned(adapter, scenario)
                          else make_optimizer(scenario, feats, new.optimizer_parameters()))
 
@@ -135,7 +140,7 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler):
     buf.seek(0)
     checkpoint = torch.load(buf, weights_only=not engine_api)
     # A different seed: nothing of the first model survives except through the checkpoint.
-    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1)
+    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1, taps=taps)
     if engine_api:
         wrapped.load_checkpoint_state(checkpoint["model"])
     else:
@@ -156,10 +161,11 @@ def _module(wrapped):
 
 
 def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
-    torch.manual_seed(scenario.seed)
+    torch.manual_seed(rng.seed_of(scenario.seed, ctx.rank))  # the stream dropout draws from (conformance.models.rng)
     record: dict = {"events": [], "error": None, "seconds": {}}
     t0 = time.perf_counter()
-    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed)
+    taps: list = []  # the RNG state each forward of the user's module starts from (the newest model's)
+    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed, taps=taps)
     record["seconds"]["wrap"] = time.perf_counter() - t0
     record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
     owns = owned(adapter, scenario)
@@ -183,7 +189,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
             for step in range(own_steps):
                 if step > 0 and step in feats.round_trips:
                     fired_before += _fired_so_far(wrapped)
-                    wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler)
+                    wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps)
                     if "backward" in owns:  # the rebuilt engine's own backward, not the closed one's
                         backward = wrapped.backward
                 if feats.freeze:
@@ -191,15 +197,19 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                 for micro in range(scenario.micro_batches):  # all but the last inside no_sync()
                     synced = micro == scenario.micro_batches - 1
                     x = inputs(scenario, feats, rank=ctx.rank, step=step, micro=micro, device=ctx.device)
+                    before = rng.capture(ctx.device)  # where the stream stands (if no tap sees the forward)
+                    if taps:
+                        taps[-1].take()
                     with contextlib.nullcontext() if synced else wrapped.no_sync():
                         with autocast(feats, ctx.device):
-                            loss = loss_fn(wrapped(x, rank=ctx.rank, micro=micro))
+                            loss = model_loss(wrapped, scenario.model, x, rank=ctx.rank, micro=micro)
                         backward(scaler.scale(loss) if scaler is not None else loss)
                     record["events"].append(
                         {"kind": "backward", "step": step, "micro": micro, "synced": synced,
                          "values": wrapped.full_gradients(),
                          "loss": loss.detach().to("cpu", copy=True),  # for --record (conformance.recording)
-                         "shards": _local_shards(wrapped) if synced else None}  # sharded area (conformance/judge/shards.py)
+                         "shards": _local_shards(wrapped) if synced else None,  # sharded area (conformance/judge/shards.py)
+                         "rng": taps[-1].take(before) if taps else before}  # the oracle replays this forward from it
                     )
                 if optimizer is not None:
                     _step(feats, optimizer, scaler, wrapped, owns)

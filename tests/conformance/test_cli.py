@@ -44,6 +44,13 @@ def env(pytester, monkeypatch):
         (["run", "--profile", "bogus"], "invalid choice: 'bogus'"),
         (["run", "--adapter", "torch-ddp", "--world-size", "3"], "profile quick has no ddp scenario at world size 3 for adapter torch-ddp; --profile standard has"),
         (["zoo", "--profile", "bogus"], "invalid choice: 'bogus'"),
+        # your own model (docs/your-model.md)
+        (["run", "--model", "nowhere.mod:build", "--batch", "x:y"], "cannot import 'nowhere.mod'"),
+        (["run", "--model", "tests.conformance.user_models:not_a_module", "--batch",
+          "tests.conformance.user_models:batch"], "returned str, not a torch.nn.Module"),
+        (["run", "--model", "tests.conformance.user_models:build"], "--model and --batch go together"),
+        (["run", "--model", "tests.conformance.user_models:build_python_random", "--batch",
+          "tests.conformance.user_models:batch"], "forward draws from Python's random"),
         (["zoo", "--report-dir", "/proc/gradparity/x"], "cannot write reports to '/proc/gradparity/x'"),
     ],
 )
