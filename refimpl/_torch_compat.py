@@ -17,7 +17,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from . import _torch_features as features
+
 __all__ = [
+    "accelerator_available",
     "autograd_tls_get",
     "autograd_tls_has",
     "autograd_tls_remove",
@@ -56,21 +59,23 @@ def queue_backward_callback(callback: Callable[[], None]) -> None:
     all need one to wait for their collectives at the end of backward. Callable only from
     inside a backward (a gradient hook or a node pre-hook).
     """
-    torch.autograd.Variable._execution_engine.queue_callback(callback)
+    _queue_callback(callback)
+
+
+_queue_callback = features.resolve_queue_callback(torch)
 
 
 # Direct aliases (no wrapper frame): distributed autograd reads the capture in every leaf hook.
 # ``stash(key, obj)`` puts ``obj`` in the thread-local state that autograd propagates to the
 # threads running a backward (a Python ``threading.local`` would not follow it there).
-autograd_tls_has = torch._C._is_key_in_tls
-autograd_tls_get = torch._C._get_obj_in_tls
-autograd_tls_stash = torch._C._stash_obj_in_tls
-autograd_tls_remove = torch._C._remove_obj_from_tls
+# Found by feature detection (``_torch_features.resolve_autograd_tls``: an emulated removal on a
+# torch without ``_remove_obj_from_tls``).
+autograd_tls_has, autograd_tls_get, autograd_tls_stash, autograd_tls_remove = features.resolve_autograd_tls(torch)
 
 # Whether the autograd profiler records on this thread (a direct alias: distributed autograd asks
 # on every backward, and opens torch's ``record_function`` scopes only then; entering a
 # ``record_function`` costs microseconds even when nothing records, and no public API tells).
-profiler_enabled = torch.autograd._profiler_enabled
+profiler_enabled = features.resolve_profiler_enabled(torch)
 
 
 def hook_dict(handle):
@@ -101,7 +106,9 @@ class _NodeHookWatch:
 
     def __init__(self) -> None:
         self.seen = True
-        original = torch.autograd.Function._register_hook
+        original = features.resolve_register_hook(torch)
+        if original is None:
+            return  # torch has no such helper: a hook may always be there
 
         def _register_hook(backward_hooks, hook):
             self.seen = True
@@ -127,7 +134,10 @@ def node_hooks_seen() -> bool:
 
 # ``torch.autograd.backward`` minus its per-tensor Python argument checks: the engine entry
 # point ``backward`` itself ends in (distributed autograd's local runs call it directly).
-engine_run_backward = torch.autograd.graph._engine_run_backward
+engine_run_backward = features.resolve_engine_run_backward(torch)
+
+# Whether torch sees an accelerator (``torch.accelerator`` is torch >= 2.6; CUDA before).
+accelerator_available = features.resolve_accelerator_available(torch)
 
 
 def functional_optimizer(optimizer_class):
@@ -295,3 +305,9 @@ def fsdp_unflat_views(fsdp_module, flat: torch.Tensor) -> dict[str, torch.Tensor
     asserts the gradient is sharded)."""
     handle = fsdp_module._handle
     return dict(zip(handle.flat_param._fqns, handle._get_unflat_views(flat), strict=True))
+
+
+# The one-line message when this torch lacks a feature that is not emulated (_torch_features).
+features.warn_missing(torch.__version__, [
+    _queue_callback, autograd_tls_has, autograd_tls_get, autograd_tls_stash, autograd_tls_remove,
+    engine_run_backward])

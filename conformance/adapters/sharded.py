@@ -384,7 +384,7 @@ class TorchFSDP:
         return FSDPWrapped(fsdp)
 
     def unavailable(self, scenario: Scenario) -> str | None:
-        if scenario.options.cpu_offload and not torch.accelerator.is_available():
+        if scenario.options.cpu_offload and not compat.accelerator_available():
             # torch 2.13, FlatParamHandle.init_flat_param_attributes: the CPU shard is always pinned
             return ("FSDP1's CPUOffload(offload_params=True) pins its CPU shard (pin_memory()), which torch refuses "
                     "without an accelerator: 'Cannot access accelerator device when none is available'")
