@@ -57,7 +57,8 @@ class NaiveDataParallel(nn.Module):
         params = [p for p in self.module.parameters() if p.requires_grad]
         if not params:
             return
-        has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        # On the parameters' device: NCCL takes only the rank's GPU tensors (device_check.py).
+        has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
         dist.all_reduce(has_grad, group=group)
         for p, anyone in zip(params, has_grad.tolist(), strict=True):
             if not anyone:

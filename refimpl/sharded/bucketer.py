@@ -37,8 +37,13 @@ __all__ = ["StagingState", "ReduceScatterBucketer"]
 
 # Public name of the "one input tensor, one output tensor" reduce-scatter. torch 2.10 renamed
 # ``reduce_scatter_tensor`` to ``reduce_scatter_single`` and deprecated the old name; the
-# package supports torch >= 2.4, so use whichever public name this torch has.
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# name is kept for a torch without the new one. Looked up at each call, by name on
+# ``torch.distributed``, so that refimpl.device_check sees it.
+def _reduce_scatter_single(output: Tensor, input: Tensor, *, group) -> None:
+    if hasattr(dist, "reduce_scatter_single"):
+        dist.reduce_scatter_single(output, input, group=group)
+    else:
+        dist.reduce_scatter_tensor(output, input, group=group)
 
 _MiB = 1024 * 1024
 

@@ -65,7 +65,14 @@ from .optimizer import ShardedOptimizer
 
 __all__ = ["ReduceState", "ShardedDataParallel"]
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+def _all_gather_single(output: Tensor, input: Tensor, *, group) -> None:
+    """torch's "one tensor in, one tensor out" all-gather under its current public name
+    (``all_gather_single``, torch >= 2.10; ``all_gather_into_tensor`` before), looked up at each
+    call so that refimpl.device_check sees it."""
+    if hasattr(dist, "all_gather_single"):
+        dist.all_gather_single(output, input, group=group)
+    else:
+        dist.all_gather_into_tensor(output, input, group=group)
 
 
 class ReduceState(enum.Enum):
