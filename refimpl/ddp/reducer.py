@@ -37,6 +37,7 @@ gradient hooks only fall back to queuing it when backward did not start from an 
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -146,11 +147,15 @@ class Reducer:
         self._slot_of: list[int] = []
         self._install(plan_buckets(self._infos, self._cap, self._first_cap, self._sparse))
 
-        on_grad = Reducer._on_grad_static if static_graph else Reducer._on_grad
+        # [Note: hooks from several threads] torch runs one autograd thread per device, so a
+        # module spread over devices gets its gradient hooks from several threads at once; the
+        # ready counts, the next bucket to launch and the state are read and written under this
+        # lock (torch's C++ reducer holds its mutex likewise). Collectives launch under it too,
+        # which keeps the launch order the same on every rank.
+        self._lock = threading.Lock()
+        self._on_grad_fn = Reducer._on_grad_static if static_graph else Reducer._on_grad
         ref = weakref.ref(self)
-        self._handles = [
-            p.register_post_accumulate_grad_hook(_make_hook(ref, on_grad, i)) for i, p in enumerate(self._params)
-        ]
+        self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(self._params)]
 
     # ----------------------------------------------------------------- setup
     def _install(self, plans: Sequence[BucketPlan]) -> None:
@@ -246,8 +251,9 @@ class Reducer:
                 fn.register_prehook(self._output_prehook)
 
     def _output_prehook(self, grad_outputs):
-        if self._state is _PREPARED:
-            self._begin_backward()
+        with self._lock:  # [Note: hooks from several threads]
+            if self._state is _PREPARED:
+                self._begin_backward()
 
     def _begin_backward(self) -> None:
         self._state = _BACKWARD
@@ -263,6 +269,11 @@ class Reducer:
         self._finalize()
 
     # ------------------------------------------------- steps 1-3: during backward
+    def grad_ready(self, i: int) -> None:
+        """Parameter ``i``'s gradient was accumulated (what its hook calls, from any thread)."""
+        with self._lock:  # [Note: hooks from several threads]
+            self._on_grad_fn(self, i)
+
     def _on_grad(self, i: int) -> None:
         """Parameter ``i``'s post-accumulate-grad hook (dynamic graph)."""
         state = self._state
@@ -433,12 +444,12 @@ class Reducer:
         )
 
 
-def _make_hook(ref: weakref.ref, on_grad: Callable, i: int):
+def _make_hook(ref: weakref.ref, i: int):
     """Parameter ``i``'s hook: a weak reference so the reducer can be collected."""
 
     def hook(param: torch.Tensor) -> None:
         reducer = ref()
         if reducer is not None:
-            on_grad(reducer, i)
+            reducer.grad_ready(i)
 
     return hook

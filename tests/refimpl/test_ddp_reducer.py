@@ -97,3 +97,74 @@ def test_comm_hook_registration_rules(world1):
         assert torch.allclose(p.grad, q.grad, atol=1e-2, rtol=1e-2)
     with pytest.raises(RuntimeError, match="only be called once"):
         ddp.register_comm_hook(world1, fp16_compress_hook)
+
+
+def test_hooks_fired_from_two_threads_launch_every_bucket_once(world1, monkeypatch):
+    """[Note: hooks from several threads] in reducer.py: torch runs one autograd thread per
+    device, so a module spread over two GPUs gets its hooks from two threads. Here two threads
+    fire the hooks of interleaved parameters at once, against a group that counts each bucket's
+    all-reduces; a ready count read by one thread and written by the other (forced by a counter
+    that lets the other thread run between its read and its write) would lose a decrement, and a
+    bucket would never launch, or launch twice."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from refimpl.ddp import reducer as reducer_module
+    from refimpl.ddp.buckets import Bucket
+
+    slot = Bucket.__dict__["pending"]  # the __slots__ member
+
+    def slow_pending(b):  # read, let the other thread run, then hand back what was read
+        value = slot.__get__(b)
+        time.sleep(0)
+        return value
+
+    monkeypatch.setattr(Bucket, "pending", property(slow_pending, slot.__set__))
+    launches: dict[int, int] = {}
+    original = dist.all_reduce
+
+    def counting_all_reduce(tensor, *args, **kwargs):
+        launches[tensor.data_ptr()] = launches.get(tensor.data_ptr(), 0) + 1
+        return original(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", counting_all_reduce)
+    queued = []
+    monkeypatch.setattr(reducer_module.compat, "queue_backward_callback", queued.append)  # no autograd here
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4, bias=False) for _ in range(32)])
+    ddp = DDP(model, process_group=world1, bucket_cap_mb=4 * 4 * 4 * 8 / 2**20)  # 8 parameters a bucket
+    r = ddp.reducer
+    assert len(r.plan) == 4
+    params = list(model.parameters())
+    for iteration in range(5):
+        grads = [torch.full((4, 4), float(iteration * 100 + k)) for k in range(len(params))]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        launches.clear()
+        r.prepare_for_backward()
+        start = threading.Barrier(2)
+        errors = []
+
+        def fire(indices, start=start, errors=errors):
+            start.wait()
+            try:
+                for i in indices:
+                    r.grad_ready(i)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=fire, args=(range(k, len(params), 2),)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert len(queued) == 1, f"iteration {iteration}: finalize queued {len(queued)} times"
+        queued.pop()()  # backward's end: finalize
+        assert sorted(launches.values()) == [1] * len(r.plan), f"iteration {iteration}: launches per bucket {launches}"
+        assert r.state is ReducerState.IDLE
+        for p, g in zip(params, grads, strict=True):
+            assert torch.equal(p.grad, g)  # world size 1: the average is the gradient
