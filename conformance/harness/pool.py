@@ -38,6 +38,13 @@ does fail names the step every rank had reached, so a genuine rendezvous wedge (
 past "store", none past "group") is told apart from a slow import. A start's livelock cap is
 `STARTUP_HARD_CAP` times its budget: a rendezvous poll (FileStore wakes every 10 ms) counts
 as activity under load, so a genuinely wedged start ends there, not at `HARD_CAP`.
+
+[Note: CUDA ranks spin]
+A rank waiting for an NCCL collective that never completes does not sleep: the host thread
+spins in the next synchronisation (a ``.item()``, a ``synchronize``) at full CPU. So on a CUDA
+pool, CPU time and run-queue wait say nothing about progress, and a task's budget is its
+verdict (start phases still count): a hang is reported at the budget, not after `HARD_CAP` times
+it. Give a loaded GPU machine more time with `--timeout-scale`.
 """
 
 from __future__ import annotations
@@ -217,17 +224,17 @@ class RankPool:
                 send(conn, op=Op.TASK, id=self._task_id, fn=fn, payload=payload)
             except OSError as exc:
                 outcome.failures[rank] = RankFailure(rank, "infrastructure", f"rank process gone before the task reached it: {exc}")
-        if outcome.ok:
-            self._collect(outcome, Op.RESULT, self._task_id, timeout)
+        if outcome.ok:  # [Note: CUDA ranks spin]
+            self._collect(outcome, Op.RESULT, self._task_id, timeout, host_progress=self.topology.device != "cuda")
         if not outcome.ok:
             self._break()
         return outcome
 
     # -- internals ---------------------------------------------------------------------
     def _collect(self, outcome: TaskOutcome, want: Op, task_id: int | None, timeout: float,
-                 hard_cap: float | None = None) -> TaskOutcome:
+                 hard_cap: float | None = None, host_progress: bool = True) -> TaskOutcome:
         """Wait for one `want` message per rank, watching for deaths, errors and hangs."""
-        watch = Watchdog(self.pids, timeout, hard_cap=hard_cap)
+        watch = Watchdog(self.pids, timeout, hard_cap=hard_cap, host_progress=host_progress)
         phases: dict[int, str] = {}  # the start step each rank reached ([Note: start phases])
         grace_until = None
         pending = set(range(len(self._conns)))
@@ -410,9 +417,12 @@ def activity_sample(pids) -> tuple[float, dict[str, float], bool] | None:
 class Watchdog:
     """When waiting for ranks has become a hang (see [Note: timeouts under load])."""
 
-    def __init__(self, pids, budget: float, hard_cap: float | None = None):
+    def __init__(self, pids, budget: float, hard_cap: float | None = None, host_progress: bool = True):
+        """``host_progress=False``: the processes' CPU use and run-queue wait are not progress
+        (CUDA ranks, [Note: CUDA ranks spin]); only :meth:`note_progress` is."""
         self.pids, self.budget = list(pids), budget
         self.hard_cap = HARD_CAP if hard_cap is None else hard_cap
+        self.host_progress = host_progress
         self.started = self.progressed_at = self.sampled_at = time.monotonic()
         sample = activity_sample(self.pids)
         self.cpu = None if sample is None else sample[0]
@@ -438,7 +448,8 @@ class Watchdog:
         now = time.monotonic()
         sample = activity_sample(self.pids) if now - self.sampled_at >= 1.0 else None
         if sample is not None and self.cpu is not None:
-            if sample[2] or self._active_seconds(sample) / (now - self.sampled_at) >= MIN_PROGRESS_RATE:
+            active = sample[2] or self._active_seconds(sample) / (now - self.sampled_at) >= MIN_PROGRESS_RATE
+            if active and self.host_progress:
                 self.progressed_at = now
             self.cpu, self.waiting, self.sampled_at = sample[0], sample[1], now
         elapsed = now - self.started
@@ -447,6 +458,9 @@ class Watchdog:
         if self.cpu is None:  # no /proc: a plain timeout
             return f"no answer within the {self.budget:g}s timeout"
         idle = now - self.progressed_at
+        if not self.host_progress and idle >= self.budget:
+            return (f"no answer within the {self.budget:g}s timeout (CUDA ranks: their CPU use is not progress, "
+                    "a rank blocked in an NCCL collective spins)")
         if idle >= min(STALL_S, self.budget):
             return (f"no answer within the {self.budget:g}s timeout"
                     + (f" (waited {elapsed:.0f}s; no rank ran, waited for a core or for the disk in the last {idle:.0f}s)"

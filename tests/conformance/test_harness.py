@@ -159,3 +159,58 @@ def test_waiting_for_a_core_is_activity_not_a_stall():
             p.wait()
     assert active >= 0.6 * elapsed, (active, cpu, elapsed)  # runnable the whole time
     assert active - cpu >= 0.2 * elapsed, (active, cpu, elapsed)  # much of it waiting for the core
+
+
+def _spinning_watch(monkeypatch, host_progress: bool):
+    """A Watchdog over a fake rank that spins at full CPU, on a fake clock: (watch, advance)."""
+    import types
+
+    from conformance.harness import pool
+
+    clock = [1000.0]
+    monkeypatch.setattr(pool, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(pool, "activity_sample", lambda pids: (clock[0], {}, False))  # one CPU-second per second
+    watch = pool.Watchdog([12345], budget=30.0, hard_cap=10.0, host_progress=host_progress)
+
+    def advance(seconds: float) -> str:
+        """Poll every half second for `seconds`; the first hang verdict, or ''."""
+        for _ in range(int(seconds * 2)):
+            clock[0] += 0.5
+            verdict = watch.hung()
+            if verdict:
+                return verdict
+        return ""
+
+    return watch, advance
+
+
+def test_on_cpu_a_spinning_rank_is_progress_until_the_hard_cap(monkeypatch):
+    watch, advance = _spinning_watch(monkeypatch, host_progress=True)
+    assert advance(30.0 * 10 - 1) == ""  # busy: not hung before HARD_CAP x the budget
+    assert "still busy" in advance(2.0)
+
+
+def test_on_cuda_a_spinning_rank_is_not_progress(monkeypatch):
+    """[Note: CUDA ranks spin]: a rank blocked in an NCCL collective spins in the host sync, so
+    the CUDA pool reports the hang at the budget, not at 10x it."""
+    watch, advance = _spinning_watch(monkeypatch, host_progress=False)
+    assert advance(29.0) == ""
+    verdict = advance(1.5)
+    assert verdict.startswith("no answer within the 30s timeout (CUDA ranks: their CPU use is not progress"), verdict
+    watch.note_progress()  # a start phase still counts (for STALL_S past the budget, as on CPU)
+    assert advance(9.0) == ""
+
+
+def test_the_pool_watches_cuda_tasks_without_host_progress(monkeypatch):
+    """RankPool hands the task's Watchdog host_progress=False exactly when its topology is CUDA."""
+    from conformance.harness import pool
+    from conformance.topology import Topology
+
+    seen = []
+    monkeypatch.setattr(pool.RankPool, "_collect", lambda self, outcome, want, task_id, timeout, **kw: seen.append(kw) or outcome)
+    monkeypatch.setattr(pool.RankPool, "start", lambda self: setattr(self, "state", pool.PoolState.READY))
+    for device in ("cpu", "cuda"):
+        p = pool.RankPool(Topology(1, "nccl" if device == "cuda" else "gloo", device))
+        p._conns = []
+        p._attempt("fn", None, 1.0, "label")
+    assert [kw.get("host_progress") for kw in seen] == [True, False]
