@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from conformance import cuda_setup
 from conformance.area import Area
 from conformance.case import Case
 from conformance.expectations import intermittent
@@ -111,6 +112,8 @@ _IN_PROCESS = threading.Lock()  # single-process areas share this process's torc
 def _run(case: Case, executor: Executor) -> TaskOutcome:
     """Step 1. A single-process area runs (and, comparing as it goes, may raise) right here."""
     area, scenario, spec = case.area, case.scenario, case.adapter_spec
+    if scenario.device == "cuda":  # this process computes the oracle (and in-process areas) on CUDA too
+        cuda_setup.setup_process(backend=None)
     if not area.in_process:
         return executor.run(area, scenario, spec)
     with _IN_PROCESS:

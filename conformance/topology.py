@@ -22,6 +22,8 @@ class Topology:
     shared_gpu: bool = False  # ranks share cuda:0 (gloo with CUDA tensors)
 
     def rank_device(self, rank: int) -> str:
+        """The device of the rank ``rank`` *of its node* (under torchrun, ``LOCAL_RANK``: global
+        rank 4 of 2 nodes x 4 GPUs is GPU 0 of the second node)."""
         if self.device == "cpu":
             return "cpu"
         return "cuda:0" if self.shared_gpu else f"cuda:{rank}"

@@ -28,6 +28,7 @@ __all__ = [
     "engine_run_backward",
     "find_script_function",
     "rref_class",
+    "set_group_timeout",
     "MODULE_BUFFERS",
     "MODULE_CHILDREN",
     "MODULE_PARAMETERS",
@@ -195,6 +196,18 @@ def ddp_bucket_assignment(params, limits, expect_sparse, tensor_indices=None):
     if tensor_indices is None:
         return dist._compute_bucket_assignment_by_size(params, limits, expect_sparse)
     return dist._compute_bucket_assignment_by_size(params, limits, expect_sparse, tensor_indices)
+
+
+def set_group_timeout(group, timeout) -> None:
+    """Change an existing process group's collective timeout (gloo, NCCL).
+
+    The suite bounds each task's NCCL collectives by that task's budget (a hung collective then
+    raises under ``TORCH_NCCL_BLOCKING_WAIT``); a group's timeout is otherwise fixed when it is
+    made, and no public API changes it.
+    """
+    import torch.distributed as dist
+
+    dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 def ddp_first_bucket_bytes() -> int:

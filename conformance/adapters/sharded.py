@@ -56,8 +56,10 @@ def hsdp_mesh(ctx, replicas: int):
 
     W = ctx.world_size
     assert W % replicas == 0, f"hsdp_replicas={replicas} does not divide the world size {W}"
-    return DeviceMesh(ctx.device.type, torch.arange(W).view(replicas, W // replicas),
+    mesh = DeviceMesh(ctx.device.type, torch.arange(W).view(replicas, W // replicas),
                       mesh_dim_names=("replicate", "shard"))
+    ctx.case_groups.extend(mesh.get_all_groups())  # made for this case: destroyed after it (RankContext.end_case)
+    return mesh
 
 
 def unit_modules(module: nn.Module, *, split_shared: bool = True) -> list[nn.Module]:

@@ -40,12 +40,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from conformance import cuda_setup
 from conformance.adapters import registry
 from conformance.case import Case
 from conformance.expectations import ends_world
 from conformance.frontends import options
 from conformance.frontends.cli import OneLineParser
 from conformance.harness.context import RankContext, configure_rank_threads
+from conformance.harness.network import loopback_interface
 from conformance.harness.pool import RankFailure, TaskOutcome
 from conformance.judge.failure import Classified, FailureClass
 from conformance.pipeline import CaseResult, run_case
@@ -65,14 +67,16 @@ def _parser() -> argparse.ArgumentParser:
 class TorchrunWorld:
     """The executor: every rank runs the task on itself; rank 0 gathers the answers."""
 
-    def __init__(self, ctx: RankContext, control):
-        self.ctx, self.control = ctx, control
+    def __init__(self, ctx: RankContext, control, timeout_scale: float = 1.0):
+        self.ctx, self.control, self.timeout_scale = ctx, control, timeout_scale
         self.broken = ""  # why the world can no longer run a task (it cannot be respawned)
 
     def run(self, area, scenario, adapter_spec) -> TaskOutcome | None:
         start = time.perf_counter()
         try:
+            self.ctx.bound_collectives(scenario.timeout_s * self.timeout_scale)
             answer = {"ok": True, "value": area.task((scenario, adapter_spec), self.ctx)}
+            self.ctx.end_case()
         except Exception as exc:  # noqa: BLE001 - the implementation's error, packaged like the pool's service does
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         world = self.ctx.world_size
@@ -128,6 +132,20 @@ def _order(cases: list[Case]) -> list[Case]:
     return sorted(cases, key=lambda c: (not c.skip, c.xfail is not None))
 
 
+def setup_rank(env, cuda_available: bool) -> tuple[str, str, int]:
+    """(device type, backend, local rank) of this torchrun process, its CUDA set up first
+    (conformance/cuda_setup.py): the GPU of its *local* rank, NCCL on loopback only when every
+    rank is on this node (``LOCAL_WORLD_SIZE == WORLD_SIZE``)."""
+    device = "cuda" if cuda_available and env.get("GRADPARITY_DEVICE", "cuda") == "cuda" else "cpu"
+    backend = "nccl" if device == "cuda" else "gloo"
+    local_rank = cuda_setup.local_rank(env, default=0)
+    if device == "cuda":
+        one_node = env.get("LOCAL_WORLD_SIZE") is not None and env.get("LOCAL_WORLD_SIZE") == env.get("WORLD_SIZE")
+        cuda_setup.setup_process(backend=backend, loopback=loopback_interface() if one_node else None,
+                                 device=cuda_setup.local_device(local_rank), env=env)
+    return device, backend, local_rank
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -156,17 +174,15 @@ def _join_world(args):
     """This rank's process group (the backend its device calls for), a gloo group for control
     messages, and the executor that runs a case's task on every rank of this world."""
     configure_rank_threads()
-    device = "cuda" if torch.cuda.is_available() and os.environ.get("GRADPARITY_DEVICE", "cuda") == "cuda" else "cpu"
-    backend = "nccl" if device == "cuda" else "gloo"
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device, backend, local_rank = setup_rank(os.environ, torch.cuda.is_available())
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))
     # RPC (dist_autograd) rendezvous through torchrun's own store (MASTER_ADDR:MASTER_PORT, which
     # every rank reaches as a client); torch prefixes RPC's keys, so they cannot meet the group's.
-    ctx = RankContext(rank, Topology(world, backend, device), dist.group.WORLD, rpc_init_method="env://")
-    return ctx, TorchrunWorld(ctx, control), control
+    ctx = RankContext(rank, Topology(world, backend, device), dist.group.WORLD, rpc_init_method="env://",
+                      local_rank=local_rank)
+    return ctx, TorchrunWorld(ctx, control, getattr(args, "timeout_scale", 1.0)), control
 
 
 def _plan(args, selection, ctx) -> tuple[list[Case], list[str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -17,6 +18,9 @@ import torch.distributed as dist
 # Where ranks run (`Topology`, `choose_topology`) is decided below the harness, in
 # conformance/topology.py: the area registry and the pipeline ask it too.
 from conformance.topology import Topology
+from refimpl import _torch_compat as compat
+
+NCCL_TIMEOUT_MARGIN_S = 30.0  # past a task's budget, before its NCCL collectives raise (bound_collectives)
 
 
 @dataclass
@@ -28,6 +32,8 @@ class RankContext:
     group: Any  # the process group every collective of the task must use
     scratch: dict = field(default_factory=dict)  # per-process state kept across tasks
     rpc_init_method: str | None = None
+    local_rank: int | None = None  # the rank on its node (torchrun's LOCAL_RANK); None: the rank (a local pool)
+    case_groups: list = field(default_factory=list)  # groups a task made for its case: destroyed after it (end_case)
 
     @property
     def world_size(self) -> int:
@@ -35,11 +41,29 @@ class RankContext:
 
     @property
     def device(self) -> torch.device:
-        return torch.device(self.topology.rank_device(self.rank))
+        """This rank's device: on CUDA its *node-local* rank's GPU (conformance/cuda_setup.py)."""
+        return torch.device(self.topology.rank_device(self.rank if self.local_rank is None else self.local_rank))
 
     @property
     def backend(self) -> str:
         return self.topology.backend
+
+    def bound_collectives(self, budget_s: float | None) -> None:
+        """On NCCL, a collective of the next task that never completes raises ``budget_s`` +
+        ``NCCL_TIMEOUT_MARGIN_S`` later (blocking wait: conformance/cuda_setup.py) instead of
+        spinning for ever; the margin lets the pool's watchdog, which acts at the budget with
+        every rank's stack, come first. gloo checks sizes and aborts on its own."""
+        if budget_s is None or self.backend != "nccl":
+            return
+        compat.set_group_timeout(self.group, timedelta(seconds=budget_s + NCCL_TIMEOUT_MARGIN_S))
+
+    def end_case(self) -> None:
+        """Destroy the process groups the case made (``case_groups``; a HSDP mesh's): a warm rank
+        serves many cases, and NCCL communicators left behind would pile up in GPU memory."""
+        made = {id(g): g for g in self.case_groups if g is not self.group and g is not dist.group.WORLD}
+        self.case_groups.clear()
+        for group in made.values():
+            dist.destroy_process_group(group)
 
     def ensure_rpc(self) -> None:
         """Start torch.distributed.rpc once per rank process (workers named worker<rank>)."""

@@ -221,7 +221,7 @@ class RankPool:
         self._task_id += 1
         for rank, conn in enumerate(self._conns):
             try:
-                send(conn, op=Op.TASK, id=self._task_id, fn=fn, payload=payload)
+                send(conn, op=Op.TASK, id=self._task_id, fn=fn, payload=payload, timeout=timeout)
             except OSError as exc:
                 outcome.failures[rank] = RankFailure(rank, "infrastructure", f"rank process gone before the task reached it: {exc}")
         if outcome.ok:  # [Note: CUDA ranks spin]

@@ -79,3 +79,21 @@ def busy(payload, ctx):
         x += 1
     dist.all_reduce(torch.zeros(1, device=ctx.device), group=ctx.group)
     return ctx.rank
+
+
+def hsdp_case(payload, ctx):
+    """Make a HSDP case's (replicate, shard) mesh, as the sharded adapters do; answer how many of
+    the groups the previous such task made are still alive (each case's groups must be destroyed
+    after it: RankContext.end_case)."""
+    from conformance.adapters.sharded import hsdp_mesh
+
+    alive = 0
+    for group in ctx.scratch.get("previous_case_groups", []):
+        try:
+            dist.get_process_group_ranks(group)
+            alive += 1
+        except (KeyError, ValueError, RuntimeError):
+            pass  # destroyed
+    mesh = hsdp_mesh(ctx, payload)
+    ctx.scratch["previous_case_groups"] = [g for g in mesh.get_all_groups() if g is not ctx.group]
+    return {"alive": alive, "made": len(ctx.scratch["previous_case_groups"])}

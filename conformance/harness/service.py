@@ -68,10 +68,14 @@ def serve(rank: int, topology, store_path: str, conn, workdir: str, rpc_init_met
 
     configure_rank_threads()
     send(conn, op=Op.PHASE, rank=rank, phase="imported torch")
-    if topology.device == "cuda":
+    if topology.device == "cuda":  # first CUDA thing in the process (conformance/cuda_setup.py)
         import torch
 
-        torch.cuda.set_device(topology.rank_device(rank))
+        from conformance import cuda_setup
+        from conformance.harness.network import loopback_interface
+
+        cuda_setup.setup_process(backend=topology.backend, loopback=loopback_interface(),
+                                 device=torch.device(topology.rank_device(rank)))  # local run: rank on node = rank
     store = dist.FileStore(store_path, topology.world_size)
     store.set_timeout(timedelta(seconds=120))
     send(conn, op=Op.PHASE, rank=rank, phase="joining the group (store and gloo/NCCL connect)")
@@ -106,10 +110,12 @@ def run_loop(ctx, conn, resolve) -> None:
         stage = "setup"
         try:
             fn = resolve(message["fn"])
+            ctx.bound_collectives(message.get("timeout"))
             stage = "task"
             value = fn(message["payload"], ctx)
             stage = "check"
             ctx.barrier_check(task_id)
+            ctx.end_case()
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the coordinator
             send(
                 conn,
