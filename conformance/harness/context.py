@@ -6,6 +6,7 @@ same `RankContext` to the same task functions.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from conformance.topology import Topology
 from refimpl import _torch_compat as compat
 
+CHECK_DEVICES_ENV = "GRADPARITY_CHECK_DEVICES"  # see RankContext.collective_check
 NCCL_TIMEOUT_MARGIN_S = 30.0  # past a task's budget, before its NCCL collectives raise (bound_collectives)
 
 
@@ -56,6 +58,20 @@ class RankContext:
         if budget_s is None or self.backend != "nccl":
             return
         compat.set_group_timeout(self.group, timedelta(seconds=budget_s + NCCL_TIMEOUT_MARGIN_S))
+
+    def collective_check(self):
+        """The device check a task runs under (refimpl.device_check): every tensor a collective
+        is given must be on this rank's device. On NCCL always (a CPU tensor fails there anyway;
+        the check names the line); elsewhere when ``GRADPARITY_CHECK_DEVICES`` is ``1``, or
+        ``stand-in`` (CPU tests: device-less factories build on 'meta', [Note: the CPU stand-in])."""
+        from refimpl.device_check import expect_collective_device
+
+        mode = os.environ.get(CHECK_DEVICES_ENV, "")
+        if mode == "stand-in":
+            return expect_collective_device(self.device, stray="meta")
+        if mode == "1" or self.backend == "nccl":
+            return expect_collective_device(self.device)
+        return contextlib.nullcontext()
 
     def end_case(self) -> None:
         """Destroy the process groups the case made (``case_groups``; a HSDP mesh's): a warm rank

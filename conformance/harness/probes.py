@@ -97,3 +97,11 @@ def hsdp_case(payload, ctx):
     mesh = hsdp_mesh(ctx, payload)
     ctx.scratch["previous_case_groups"] = [g for g in mesh.get_all_groups() if g is not ctx.group]
     return {"alive": alive, "made": len(ctx.scratch["previous_case_groups"])}
+
+
+def device_less_all_reduce(payload, ctx):
+    """All-reduce a tensor built without ``device=`` (on a GPU it is a CPU tensor: NCCL refuses
+    it); with ``payload`` true, the same built on the rank's device."""
+    t = torch.ones(1, device=ctx.device) if payload else torch.ones(1)
+    dist.all_reduce(t, group=ctx.group)
+    return t.item()

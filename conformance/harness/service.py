@@ -112,7 +112,8 @@ def run_loop(ctx, conn, resolve) -> None:
             fn = resolve(message["fn"])
             ctx.bound_collectives(message.get("timeout"))
             stage = "task"
-            value = fn(message["payload"], ctx)
+            with ctx.collective_check():
+                value = fn(message["payload"], ctx)
             stage = "check"
             ctx.barrier_check(task_id)
             ctx.end_case()

@@ -49,20 +49,23 @@ def _big(dtype: torch.dtype) -> float:
     return 8.0 / torch.finfo(dtype).eps  # spacing 4 below L, 8 above: L + 1 and -L + 1 round back to ±L
 
 
-def probe_values(rank: int, world_size: int, numel: int, dtype: torch.dtype) -> list[Tensor]:
-    """This rank's tensors, one per probe all-reduce (three per triple: k = the odd one out)."""
+def probe_values(rank: int, world_size: int, numel: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> list[Tensor]:
+    """This rank's tensors, one per probe all-reduce (three per triple: k = the odd one out),
+    on ``device`` (the rank's: NCCL takes only its GPU's tensors)."""
     big, out = _big(dtype), []
     for triple in triples(world_size):
         for k in triple:
             i, j = (r for r in triple if r != k)
             value = big if rank == i else -big if rank == j else 1.0 if rank == k else 0.0
-            out.append(torch.full((numel,), value, dtype=dtype))
+            out.append(torch.full((numel,), value, dtype=dtype, device=device))
     return out
 
 
-def probe(group, world_size: int, rank: int, sizes, repeats: int = 2) -> dict:
-    """Run on every rank of `group`, with the same `sizes` ((numel, dtype name) pairs) everywhere:
-    the raw probe results, `{(numel, dtype): Tensor[repeats, probes, numel]}`, for `discover`."""
+def probe(group, world_size: int, rank: int, sizes, repeats: int = 2, device: torch.device | str = "cpu") -> dict:
+    """Run on every rank of `group`, with the same `sizes` ((numel, dtype name) pairs) everywhere,
+    all-reducing on `device` (the rank's): the raw probe results, on the CPU,
+    `{(numel, dtype): Tensor[repeats, probes, numel]}`, for `discover`."""
     import torch.distributed as dist
 
     out = {}
@@ -70,10 +73,10 @@ def probe(group, world_size: int, rank: int, sizes, repeats: int = 2) -> dict:
         dtype = getattr(torch, dtype_name)
         runs = []
         for _ in range(repeats):
-            tensors = probe_values(rank, world_size, numel, dtype)
+            tensors = probe_values(rank, world_size, numel, dtype, device)
             for t in tensors:
                 dist.all_reduce(t, group=group)
-            runs.append(torch.stack(tensors) if tensors else torch.empty(0, numel, dtype=dtype))
+            runs.append(torch.stack(tensors).cpu() if tensors else torch.empty(0, numel, dtype=dtype))
         out[(numel, dtype_name)] = torch.stack(runs)
     return out
 

@@ -124,3 +124,19 @@ def test_a_sum_that_is_not_pairwise_is_refused():
     fake[:, : len(triples(3)) * 3] = 0  # no pair of a triple added first
     with pytest.raises(OrderUnknown, match="no single pair"):
         discover(3, 4, fake)
+
+
+def test_the_probes_all_reduce_on_the_ranks_device(monkeypatch):
+    """NCCL takes only the rank's GPU tensors: the probes are built on the device the caller
+    names (the CPU stand-in of refimpl.device_check catches a probe built without one)."""
+    import torch.distributed as dist
+
+    from conformance.oracle.allreduce_order import probe
+    from refimpl.device_check import expect_collective_device
+
+    seen = []
+    monkeypatch.setattr(dist, "all_reduce", lambda t, group=None: seen.append(t.device))  # a group of 3 that adds nothing
+    with expect_collective_device("cpu", stray="meta"):
+        out = probe(None, 3, 0, [(4, "float32")], repeats=1, device="cpu")
+    assert seen == [torch.device("cpu")] * 3
+    assert out[(4, "float32")].shape == (1, 3, 4) and out[(4, "float32")].device.type == "cpu"

@@ -66,7 +66,7 @@ def _two_node_env(global_rank: int) -> dict[str, str]:
 
 
 def test_torchrun_ranks_use_their_local_gpu_on_two_nodes(monkeypatch):
-    from conformance.harness import torchrun
+    from conformance.frontends import torchrun
 
     calls = []
     monkeypatch.setattr(cuda_setup, "setup_process", lambda **kw: calls.append(kw))
@@ -79,7 +79,7 @@ def test_torchrun_ranks_use_their_local_gpu_on_two_nodes(monkeypatch):
 
 
 def test_a_one_node_torchrun_world_keeps_nccl_on_loopback(monkeypatch):
-    from conformance.harness import torchrun
+    from conformance.frontends import torchrun
     from conformance.harness.network import loopback_interface
 
     calls = []

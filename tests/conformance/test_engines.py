@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from conformance.adapters import registry
 from conformance.adapters.engines import probe
 from conformance.adapters.protocol import owned
@@ -33,3 +36,26 @@ def test_torch_zero_owns_the_optimizer_and_powersgd_declares_its_bound():
         "buffers: rank0-after-backward (torch DDP: rank0-before-forward)", "scaling: post (torch DDP: pre)"]
     assert registry.load("torch-replicate").semantics.deviations() == ["construction_sync: first-forward (torch DDP: eager)"]
     assert powersgd.unavailable(s) is None and powersgd.unavailable(s.with_(dtype="float16")) is not None
+
+
+def test_fairscale_gathers_gradients_on_the_ranks_device(world1):
+    """FairScale SDP's adapter broadcasts "has a gradient" flags: on the parameters' device (NCCL
+    refuses a CPU tensor; the CPU stand-in of refimpl.device_check catches one built without device=)."""
+    pytest.importorskip("fairscale")
+    from torch import nn
+
+    from conformance.adapters import registry
+    from conformance.adapters.protocol import OptimizerSpec
+    from conformance.harness.context import RankContext
+    from conformance.spec import WrapOptions
+    from conformance.topology import Topology
+    from refimpl.device_check import expect_collective_device
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    ctx = RankContext(0, Topology(1, "gloo", "cpu"), world1)
+    wrapped = registry.load("fairscale-sdp").wrap(model, ctx, WrapOptions(), optimizer=OptimizerSpec("sgd"))
+    wrapped(torch.ones(2, 3)).sum().backward()
+    with expect_collective_device("cpu", stray="meta"):
+        grads = wrapped.full_gradients()
+    assert set(grads) == {"0.weight", "0.bias", "1.weight", "1.bias"} and all(g is not None for g in grads.values())

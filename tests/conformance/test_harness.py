@@ -228,3 +228,32 @@ def test_groups_a_case_made_are_destroyed_after_it(pool):
         if case:
             assert [a["alive"] for a in answers] == [0, 0], f"case {case}: the previous case's groups still alive"
     assert made[0] >= 1  # the probe did make a group of its own each time
+
+
+def test_rank_tasks_run_under_the_collective_device_check(monkeypatch):
+    """RankContext.collective_check wraps every task (refimpl.device_check): with the CPU
+    stand-in on, a task that all-reduces a tensor built without `device=` is reported as raised,
+    naming the line; the same tensor on the rank's device passes."""
+    monkeypatch.setenv("GRADPARITY_CHECK_DEVICES", "stand-in")  # the ranks inherit it at spawn
+    p = RankPool(choose_topology(2, "cpu"))
+    try:
+        bad = p.run(PROBE + "device_less_all_reduce", False, timeout=60)
+        good = p.run(PROBE + "device_less_all_reduce", True, timeout=60)
+    finally:
+        p.close()
+    assert not bad.ok and {f.kind for f in bad.failures.values()} == {"raised"}
+    error = bad.failures[0].message
+    assert "CollectiveDeviceError: dist.all_reduce got a tensor on meta" in error and "probes.py" in error
+    assert good.ok and good.values == {0: 2.0, 1: 2.0}
+
+
+def test_the_device_check_is_on_for_nccl_and_on_request():
+    from conformance.harness.context import RankContext
+    from conformance.topology import Topology
+
+    def checked(ctx) -> bool:
+        return type(ctx.collective_check()).__name__ == "_GeneratorContextManager"
+
+    assert checked(RankContext(0, Topology(2, "nccl", "cuda"), None))
+    assert not checked(RankContext(0, Topology(2, "gloo", "cuda", shared_gpu=True), None))  # gloo takes CPU tensors too
+    assert not checked(RankContext(0, Topology(2, "gloo", "cpu"), None))

@@ -62,7 +62,7 @@ class FairScaleSDPWrapped:
         out = {}
         for n, p in named:
             src = dist.get_global_rank(self.group, owner[p])
-            present = torch.tensor([float(p.grad is not None)])
+            present = torch.tensor([float(p.grad is not None)], device=p.device)  # NCCL: the rank's device
             dist.broadcast(present, src=src, group=self.group)
             if not present.item():
                 out[n] = None

@@ -99,7 +99,7 @@ class PowerSGDWrapped(DDPLikeWrapped):
         if self.ctx.world_size <= 2:
             return None
         sizes = self.cfg.allreduce_sizes([list(b) for b in sorted(self.buckets)], self.dtype)
-        return probe(self.ctx.group, self.ctx.world_size, self.ctx.rank, sizes)
+        return probe(self.ctx.group, self.ctx.world_size, self.ctx.rank, sizes, device=self.ctx.device)
 
 
 def torch_ddp_powersgd() -> PowerSGDAdapter:
