@@ -3,6 +3,17 @@
 Built-in adapters ship theirs in conformance/adapters/xfails/<adapter name>.txt, each entry
 naming the upstream issue, so a known upstream bug is recorded rather than hidden. Entries are
 strict expected failures unless their reason is marked `intermittent:` (below).
+
+[Note: expectations on every device]
+An entry names a scenario by its id as the catalogue writes it (`adapter|ddp/x/mlp/w2/fp32`) and
+matches that scenario on every device: under `--device cuda` the case is `…/fp32/cuda`, and
+the entry still applies. An entry ending in a device (`…/fp32/cuda`, `…/fp32/cpu`) applies on
+that device only: a failure whose cause is the CPU/gloo path (torch DDP's mixed precision needs
+CUDA events) is listed `/cpu`, one seen only on GPUs `/cuda`.
+On CUDA, an `ends-world:` entry (a rank aborts or hangs) becomes a skip (`CUDA_ENDS_WORLD`):
+gloo checks sizes and aborts a rank, NCCL does not and hangs until the task's budget and the
+pool are spent. Those are the only differences between a CPU plan and a CUDA plan
+(tests/conformance/test_plan_devices.py).
 """
 
 from __future__ import annotations
@@ -25,6 +36,25 @@ ENDS_WORLD = "ends-world:"
 # never a silent pass. An unmarked entry stays strict: a listed case that passes fails the run.
 INTERMITTENT = "intermittent:"
 MARKERS = (ENDS_WORLD, INTERMITTENT)
+
+
+DEVICES = ("cpu", "cuda")
+# The skip reason an ends-world entry gets on CUDA ([Note: expectations on every device]).
+CUDA_ENDS_WORLD = "skipped on CUDA: this case ends the world, and NCCL hangs where gloo aborts: {reason}"
+
+
+def split_device(scenario_id: str) -> tuple[str, str | None]:
+    """`ddp/x/w2/fp32/cuda` -> (`ddp/x/w2/fp32`, "cuda"); an id without a device -> (id, None)."""
+    base, _, last = scenario_id.rpartition("/")
+    return (base, last) if base and last in DEVICES else (scenario_id, None)
+
+
+def on_device_reason(reason: str, device: str) -> tuple[str, str | None]:
+    """(skip, xfail) for an xfail entry's `reason` on `device`: on CUDA an ends-world failure is
+    a skip that says why ([Note: expectations on every device]); elsewhere the entry as it is."""
+    if device == "cuda" and ends_world(reason):
+        return CUDA_ENDS_WORLD.format(reason=reason), None
+    return "", reason
 
 
 def markers(reason: str | None) -> frozenset[str]:

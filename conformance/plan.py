@@ -11,7 +11,9 @@ expected to fail for the same reasons, whichever door a user came through:
    (`adapter.unavailable(scenario)`, e.g. CUDA-only on a CPU run);
 4. expectations: entries of the skips files skip, entries of the xfails files (the user's and
    each built-in adapter's `conformance/adapters/xfails/<name>.txt`) mark expected failures.
-   An entry is a case id (`adapter|scenario`) or a pytest node id ending in `[adapter|scenario]`.
+   An entry is a case id (`adapter|scenario`) or a pytest node id ending in `[adapter|scenario]`;
+   it matches its scenario on every device unless it ends in one (`…/cuda`), and on CUDA an
+   ends-world failure is skipped ([Note: expectations on every device] in expectations.py).
    Entries that match no planned case although they could have are reported (stale lists).
 
 Nothing here starts a process or imports an implementation beyond loading its adapter.
@@ -27,7 +29,12 @@ from conformance.adapters import registry
 from conformance.adapters.optional import hook, missing_part
 from conformance.adapters.protocol import missing_capabilities
 from conformance.case import CASE_SEPARATOR, Case
-from conformance.expectations import builtin_xfails, read_expectations
+from conformance.expectations import (
+    builtin_xfails,
+    on_device_reason,
+    read_expectations,
+    split_device,
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ def make_plan(selection: Selection) -> Plan:
                         skip = skip or e.reason
                     elif xfail is None:
                         xfail = e.reason
+            if xfail is not None and not skip:
+                skip, xfail = on_device_reason(xfail, scenario.device)
             plan.cases.append(Case(scenario, spec, skip=skip, xfail=xfail))
     for index, e in enumerate(expectations):
         if index in hit:
@@ -133,9 +142,20 @@ def _capability_skip(adapter, scenario) -> str:
 
 def _matches(entry: str, case: Case, name: str = "") -> bool:
     """A case id, or a pytest node id whose parameter is the case id; the adapter may be named by
-    its spec (`pkg.module:factory`, as in the case id) or by its `name` (`my-engine|ddp/...`)."""
-    ids = {case.id} | ({f"{name}{CASE_SEPARATOR}{case.scenario.id}"} if name else set())
-    return any(entry == i or entry.endswith(f"[{i}]") for i in ids)
+    its spec (`pkg.module:factory`, as in the case id) or by its `name` (`my-engine|ddp/...`).
+    The scenario matches on every device, or on the one the entry ends in
+    ([Note: expectations on every device])."""
+    inner = entry.rsplit("[", 1)[-1][:-1] if entry.endswith("]") else entry
+    adapter, sep, scenario_id = inner.partition(CASE_SEPARATOR)
+    if not sep:
+        return False
+    base, device = split_device(scenario_id)
+    if device is None:
+        base = scenario_id
+    elif device != case.scenario.device:
+        return False
+    case_base = split_device(case.scenario.id)[0] if case.scenario.device != "cpu" else case.scenario.id
+    return base == case_base and adapter in {case.adapter_spec, name}
 
 
 def _named_by_keyword(entry: str, selection: Selection, adapters: dict) -> bool:
@@ -183,7 +203,9 @@ def _could_run_here(entry: str, selection: Selection, adapters: dict | None = No
     names = {a.name for a in (adapters or {}).values()}
     if adapter and adapter not in selection.specs and adapter not in names:
         return False
-    scenario_id = case.split(CASE_SEPARATOR, 1)[-1]
+    scenario_id, device = split_device(case.split(CASE_SEPARATOR, 1)[-1])
+    if device is not None and device != selection.device:
+        return False  # an entry for another device
     scenario = next((s for s in catalogue.all_scenarios() if s.id == scenario_id), None)
     if scenario is None:
         return True  # names no scenario at all: a stale entry
