@@ -44,9 +44,9 @@ step() {  # step NAME COMMAND...: run it, print PASS/FAIL with its last line, st
 suite() {  # the suite on CUDA; the pytest plugin is registered by hand when the project is not installed
   local plugin=()
   if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if m.entry_points(group='pytest11', name='gradparity') else 1)"; then
-    plugin=(-- -p conformance.plugin)
+    plugin=(-- -p conformance.frontends.plugin)
   fi
-  "$PYTHON" -m conformance.cli run --device cuda --profile "${PROFILE:-quick}" --report-dir "$REPORT_DIR" "$@" "${plugin[@]}" \
+  "$PYTHON" -m conformance.frontends.cli run --device cuda --profile "${PROFILE:-quick}" --report-dir "$REPORT_DIR" "$@" "${plugin[@]}" \
     && echo "the ${PROFILE:-quick} profile passed on CUDA (reports in $REPORT_DIR)"
 }
 

@@ -7,7 +7,8 @@ so: `TCPStore(host, ...)` as master listens on every interface whatever `host` s
 address on many CI hosts). The pool therefore
 - rendezvouses through a `FileStore` in its private (0700) temp dir: no socket at all;
 - pins gloo (`GLOO_SOCKET_IFNAME`) and TensorPipe (`TP_SOCKET_IFNAME`) to the loopback
-  interface in every rank process before torch.distributed starts.
+  interface in every rank process before torch.distributed starts;
+- on CUDA pools, confines NCCL too (`NCCL_SOCKET_IFNAME`, InfiniBand off: conformance/cuda_setup.py).
 torchrun multi-node keeps torch's behaviour on purpose: ranks on other hosts must reach it.
 
 `listening_sockets()` reads /proc/net/tcp{,6} so a test can fail on any listener of the run

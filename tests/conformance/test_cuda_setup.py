@@ -109,7 +109,7 @@ def test_nccl_collectives_are_bounded_by_the_task_budget(monkeypatch, world1):
 
 def test_the_oracles_process_sets_cuda_up_before_a_cuda_case(monkeypatch):
     from conformance import catalogue, pipeline
-    from conformance.pipeline import Case
+    from conformance.case import Case
 
     calls = []
     monkeypatch.setattr(cuda_setup, "setup_process", lambda **kw: calls.append(kw))

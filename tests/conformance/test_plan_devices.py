@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.adapters import registry
+from conformance.case import CASE_SEPARATOR
 from conformance.expectations import (
     CUDA_ENDS_WORLD,
     builtin_xfails,
@@ -21,7 +22,6 @@ from conformance.expectations import (
     split_device,
 )
 from conformance.plan import Selection, _capability_skip, make_plan
-from conformance.report.record import CASE_SEPARATOR
 
 ADAPTERS = tuple(registry.BUILTINS)  # every built-in adapter, each with its built-in expectations
 
