@@ -1,11 +1,14 @@
 """A debug check that every tensor a collective sees is on the rank's device.
 
 NCCL takes only tensors on the rank's GPU; a tensor built without ``device=`` lands on the
-CPU and NCCL refuses it ("No backend type associated with device type cpu") — or, on gloo
-with CUDA tensors, it silently works and the bug waits for the first NCCL run. Inside
+CPU and NCCL refuses it ("No backend type associated with device type cpu"), deep inside the
+engine; gloo takes it, so a CPU-only CI never sees the bug (the CPU stand-in below does). Inside
 ``expect_collective_device(device)`` every ``torch.distributed`` collective checks the device
 of each tensor it is given and raises :class:`CollectiveDeviceError`, naming the collective,
-the tensor and the line that called it, before anything is sent.
+the tensor and the line that called it, before anything is sent: a tensor of a device type its
+group's backend does not take (a CPU tensor on NCCL), or on another GPU than the rank's. A CPU
+tensor on a gloo group passes (gloo takes CPU and CUDA tensors: an engine's own CPU side group
+is no bug).
 
 Usage::
 
@@ -92,6 +95,32 @@ def _caller() -> str:
     return "?"
 
 
+def _group_device_types(group) -> frozenset[str] | None:
+    """The device types the group's backend takes ("cpu:gloo,cuda:nccl" -> cpu and cuda; gloo
+    takes both; nccl CUDA only); None when unknown (a custom backend, or no group yet)."""
+    try:
+        backend = str(dist.get_backend(group)).lower()
+    except (RuntimeError, ValueError):
+        return None
+    if ":" in backend:
+        return frozenset(part.split(":", 1)[0] for part in backend.split(","))
+    return {"gloo": frozenset({"cpu", "cuda"}), "nccl": frozenset({"cuda"})}.get(backend)
+
+
+def _misplaced(t: torch.Tensor, expected: torch.device, takes: frozenset[str] | None) -> str:
+    """Why ``t`` must not reach the collective ('' when it may).
+
+    A tensor of a device type the group's backend does not take is refused (NCCL and a CPU
+    tensor); one of the rank's device type must be on the rank's device itself (another GPU).
+    A CPU tensor on a gloo group is legitimate (gloo takes both): no false alarm there.
+    """
+    if takes is not None and t.device.type not in takes:
+        return f"its group's backend takes no {t.device.type} tensor"
+    if (takes is None or t.device.type == expected.type) and t.device != expected:
+        return "another device than the rank's"
+    return ""
+
+
 def _check(name: str, signature: inspect.Signature | None, args: tuple, kwargs: dict) -> None:
     expected = _expected[-1] if _expected else None
     if expected is None:
@@ -100,11 +129,13 @@ def _check(name: str, signature: inspect.Signature | None, args: tuple, kwargs: 
         named = list(signature.bind_partial(*args, **kwargs).arguments.items())  # type: ignore[union-attr]
     except (AttributeError, TypeError):  # no signature, or a call torch itself will refuse
         named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    takes = _group_device_types(dict(named).get("group"))
     for label, value in named:
         for where, t in _tensors(value, label):
-            if t.device != expected:
+            why = _misplaced(t, expected, takes)
+            if why:
                 raise CollectiveDeviceError(
-                    f"dist.{name} got a tensor on {t.device} ({where}, {tuple(t.shape)} {t.dtype}) but this "
+                    f"dist.{name} got a tensor on {t.device} ({where}, {tuple(t.shape)} {t.dtype}; {why}) but this "
                     f"rank's collectives run on {expected}: build it with device= the rank's device "
                     f"(called from {_caller()})")
 

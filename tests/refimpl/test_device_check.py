@@ -118,3 +118,21 @@ def test_the_binding_pattern_catches_what_it_must():
     assert _BOUND.search("f = dist.all_reduce") and _BOUND.search("getattr(x) or dist.reduce_scatter_tensor")
     assert _BOUND.search("from torch.distributed import all_reduce, broadcast")
     assert not _BOUND.search("dist.all_reduce(t, group=g)") and not _BOUND.search("dist.get_rank()")
+
+
+def test_a_tensor_is_refused_only_where_its_backend_would_refuse_it(world1):
+    """A CPU tensor is refused on an NCCL group (NCCL takes none) but not on a gloo group (an
+    engine's own CPU side group is no bug); a tensor on another GPU than the rank's is refused."""
+    import types
+
+    from refimpl.device_check import _group_device_types, _misplaced
+
+    on = lambda device: types.SimpleNamespace(device=torch.device(device))  # noqa: E731 - only .device is read
+    rank = torch.device("cuda", 0)
+    assert _group_device_types(world1) == {"cpu", "cuda"}  # gloo
+    assert _misplaced(on("cpu"), rank, frozenset({"cuda"})) == "its group's backend takes no cpu tensor"
+    assert _misplaced(on("cpu"), rank, frozenset({"cpu", "cuda"})) == ""
+    assert _misplaced(on("cuda:1"), rank, frozenset({"cuda"})) == "another device than the rank's"
+    assert _misplaced(on("cuda:0"), rank, frozenset({"cuda"})) == ""
+    with expect_collective_device(rank):  # a rank on cuda:0 whose gloo group gets a CPU tensor
+        dist.all_reduce(torch.ones(2), group=world1)
