@@ -153,7 +153,7 @@ class Reducer:
         # lock (torch's C++ reducer holds its mutex likewise). Collectives launch under it too,
         # which keeps the launch order the same on every rank.
         self._lock = threading.Lock()
-        self._on_grad_fn = Reducer._on_grad_static if static_graph else Reducer._on_grad
+        self._on_grad_fn = type(self)._on_grad_static if static_graph else type(self)._on_grad
         ref = weakref.ref(self)
         self._handles = [p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(self._params)]
 
