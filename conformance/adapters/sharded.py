@@ -51,15 +51,23 @@ def _broadcast_from_rank0(module: nn.Module, group) -> None:
 
 
 def hsdp_mesh(ctx, replicas: int):
-    """The (replicate, shard) DeviceMesh of a HSDP scenario over the pool's ranks (issue #26)."""
+    """The (replicate, shard) DeviceMesh of a HSDP scenario over the pool's ranks (issue #26).
+
+    One per rank process and shape, kept in ``ctx.scratch`` and reused by every HSDP case: a
+    mesh per case made new process groups (NCCL communicators) in a warm rank at every case.
+    Destroying them after the case is no answer: torch resolves groups by name from caches that
+    outlive the mesh (a later case's FSDP2 ``full_tensor`` raised "Could not resolve the process
+    group registered under the name 3").
+    """
     from torch.distributed.device_mesh import DeviceMesh
 
     W = ctx.world_size
     assert W % replicas == 0, f"hsdp_replicas={replicas} does not divide the world size {W}"
-    mesh = DeviceMesh(ctx.device.type, torch.arange(W).view(replicas, W // replicas),
-                      mesh_dim_names=("replicate", "shard"))
-    ctx.case_groups.extend(mesh.get_all_groups())  # made for this case: destroyed after it (RankContext.end_case)
-    return mesh
+    key = ("hsdp_mesh", id(ctx.group), replicas, ctx.device.type)
+    if key not in ctx.scratch:  # collective over the world: every rank gets here in the same case
+        ctx.scratch[key] = DeviceMesh(ctx.device.type, torch.arange(W).view(replicas, W // replicas),
+                                      mesh_dim_names=("replicate", "shard"))
+    return ctx.scratch[key]
 
 
 def unit_modules(module: nn.Module, *, split_shared: bool = True) -> list[nn.Module]:

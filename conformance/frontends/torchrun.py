@@ -77,7 +77,6 @@ class TorchrunWorld:
             self.ctx.bound_collectives(scenario.timeout_s * self.timeout_scale)
             with self.ctx.collective_check():
                 answer = {"ok": True, "value": area.task((scenario, adapter_spec), self.ctx)}
-            self.ctx.end_case()
         except Exception as exc:  # noqa: BLE001 - the implementation's error, packaged like the pool's service does
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         world = self.ctx.world_size

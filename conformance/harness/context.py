@@ -35,7 +35,6 @@ class RankContext:
     scratch: dict = field(default_factory=dict)  # per-process state kept across tasks
     rpc_init_method: str | None = None
     local_rank: int | None = None  # the rank on its node (torchrun's LOCAL_RANK); None: the rank (a local pool)
-    case_groups: list = field(default_factory=list)  # groups a task made for its case: destroyed after it (end_case)
 
     @property
     def world_size(self) -> int:
@@ -72,14 +71,6 @@ class RankContext:
         if mode == "1" or self.backend == "nccl":
             return expect_collective_device(self.device)
         return contextlib.nullcontext()
-
-    def end_case(self) -> None:
-        """Destroy the process groups the case made (``case_groups``; a HSDP mesh's): a warm rank
-        serves many cases, and NCCL communicators left behind would pile up in GPU memory."""
-        made = {id(g): g for g in self.case_groups if g is not self.group and g is not dist.group.WORLD}
-        self.case_groups.clear()
-        for group in made.values():
-            dist.destroy_process_group(group)
 
     def ensure_rpc(self) -> None:
         """Start torch.distributed.rpc once per rank process (workers named worker<rank>)."""

@@ -82,21 +82,13 @@ def busy(payload, ctx):
 
 
 def hsdp_case(payload, ctx):
-    """Make a HSDP case's (replicate, shard) mesh, as the sharded adapters do; answer how many of
-    the groups the previous such task made are still alive (each case's groups must be destroyed
-    after it: RankContext.end_case)."""
+    """Get a HSDP case's (replicate, shard) mesh as the sharded adapters do; answer whether its
+    process groups are the previous such task's (one mesh per rank process, not one per case)."""
     from conformance.adapters.sharded import hsdp_mesh
 
-    alive = 0
-    for group in ctx.scratch.get("previous_case_groups", []):
-        try:
-            dist.get_process_group_ranks(group)
-            alive += 1
-        except (KeyError, ValueError, RuntimeError):
-            pass  # destroyed
-    mesh = hsdp_mesh(ctx, payload)
-    ctx.scratch["previous_case_groups"] = [g for g in mesh.get_all_groups() if g is not ctx.group]
-    return {"alive": alive, "made": len(ctx.scratch["previous_case_groups"])}
+    groups = [id(g) for g in hsdp_mesh(ctx, payload).get_all_groups()]
+    previous, ctx.scratch["previous_hsdp_groups"] = ctx.scratch.get("previous_hsdp_groups"), groups
+    return {"same_groups": previous == groups, "first": previous is None}
 
 
 def device_less_all_reduce(payload, ctx):

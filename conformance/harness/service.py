@@ -116,7 +116,6 @@ def run_loop(ctx, conn, resolve) -> None:
                 value = fn(message["payload"], ctx)
             stage = "check"
             ctx.barrier_check(task_id)
-            ctx.end_case()
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the coordinator
             send(
                 conn,
