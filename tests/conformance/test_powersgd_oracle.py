@@ -100,7 +100,7 @@ def _train(rank, world_size, port, queue):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     s = _scenario(world_size)
-    ctx = SimpleNamespace(rank=rank, world_size=world_size, group=dist.group.WORLD)
+    ctx = SimpleNamespace(rank=rank, world_size=world_size, group=dist.group.WORLD, device=torch.device("cpu"))
     out = {}
     for name in (*VARIANTS, *MUTANTS, BATCHED):  # the batched hook last: it raises (before any collective)
         cfg = BATCHED_CFG if name == BATCHED else VARIANTS.get(name, VARIANTS["powerSGD_hook"])
