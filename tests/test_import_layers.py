@@ -11,7 +11,8 @@ from tests.import_graph import ROOT, circles, edges, modules
 # conformance/, bottom to top. A module belongs to the longest prefix that names it; it may
 # import its own layer and those below. A new module needs a place here (the last test says so).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("vocabulary", ("conformance.areas", "conformance.spec", "conformance.topology", "conformance.cuda_setup","conformance.catalogue.profiles",
+    ("vocabulary", ("conformance.areas", "conformance.spec", "conformance.topology", "conformance.cuda_setup",
+                    "conformance.catalogue.profiles",
                     "conformance.semantics", "conformance.expectations", "conformance._deprecated",
                     "conformance._version")),
     ("models and features", ("conformance.models", "conformance.features")),
