@@ -13,10 +13,11 @@ from tests.import_graph import ROOT, circles, edges, modules
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("conformance.areas", "conformance.spec", "conformance.topology", "conformance.cuda_setup",
                     "conformance.catalogue.profiles",
+                    "conformance.space.covering",
                     "conformance.semantics", "conformance.expectations", "conformance._deprecated",
                     "conformance._version")),
     ("models and features", ("conformance.models", "conformance.features")),
-    ("catalogue", ("conformance.catalogue",)),
+    ("catalogue", ("conformance.catalogue", "conformance.space")),
     ("oracle", ("conformance.oracle",)),
     ("judge", ("conformance.judge",)),
     ("adapters and mutants", ("conformance.adapters", "conformance.mutants")),
