@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from conformance import catalogue
 from conformance.adapters import registry
 from conformance.adapters.optional import hook, missing_part
-from conformance.adapters.protocol import missing_capabilities
+from conformance.adapters.protocol import missing_capabilities, owned
 from conformance.case import CASE_SEPARATOR, Case
 from conformance.expectations import (
     builtin_xfails,
@@ -35,6 +35,10 @@ from conformance.expectations import (
     read_expectations,
     split_device,
 )
+
+# The optimizer names an engine that owns its optimizer (protocol v2) is given: the others of the
+# optimizer dimension (conformance.space.ddp) are skipped for it with the reason.
+ENGINE_OPTIMIZERS = ("sgd", "adam", "none")
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ def _capability_skip(adapter, scenario) -> str:
         return f"{adapter.name} lacks capability: {', '.join(c.value for c in missing)}"
     unavailable = hook(adapter, "unavailable")
     reason = missing_part(adapter, scenario) or (unavailable(scenario) if callable(unavailable) else None)
+    if not reason and scenario.optimizer not in ENGINE_OPTIMIZERS and "optimizer" in owned(adapter, scenario):
+        reason = (f"the engine builds its own optimizer (protocol v2) from a name; {scenario.optimizer!r} is not "
+                  f"one it is asked for ({', '.join(ENGINE_OPTIMIZERS)})")
     if not reason and scenario.features:  # the production loop's own limits, from the adapter's declarations
         from conformance.adapters.feature_support import unsupported
 

@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("area registry", ("conformance.area",)),
     ("cases and the rank harness", ("conformance.case", "conformance.harness")),
     ("planning, the pipeline and reporting", ("conformance.plan", "conformance.pipeline", "conformance.validation",
-                                              "conformance.recording", "conformance.report")),
+                                              "conformance.recording", "conformance.report",
+                                              "conformance.coverage")),
     ("front ends", ("conformance.frontends", "conformance.suite")),
     # the old paths of moved modules: each imports only `conformance._deprecated` (#41; removed in 0.3.0)
     ("deprecated paths", tuple(MOVED)),

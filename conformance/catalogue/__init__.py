@@ -18,11 +18,24 @@ from conformance.spec import Scenario
 SCENARIOS: dict[str, Callable[[], list[Scenario]]] = {e.name: areas.resolve(e.catalogue) for e in areas.ENTRIES}
 
 
+def _ddp_full_generated() -> list[Scenario]:
+    from conformance.catalogue import ddp
+
+    return ddp.full_generated()
+
+
+# The generated full profile of an area (`conformance.space.profiles`): built only when selected.
+GENERATED: dict[str, Callable[[], list[Scenario]]] = {"ddp": _ddp_full_generated}
+
+
 @functools.cache
-def all_scenarios() -> tuple[Scenario, ...]:
+def all_scenarios(full: bool = False) -> tuple[Scenario, ...]:
+    """Every scenario; the generated strength-3 arrays (`conformance.space`) only with `full`."""
     out: list[Scenario] = []
-    for scenarios in SCENARIOS.values():
+    for area, scenarios in SCENARIOS.items():
         out.extend(scenarios())
+        if full and area in GENERATED:
+            out.extend(GENERATED[area]())
     ids = [s.id for s in out]
     dupes = {i for i in ids if ids.count(i) > 1}
     if dupes:
@@ -50,7 +63,8 @@ def select(
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     ids, world_sizes = set(ids), set(world_sizes)
     chosen = []
-    for s in all_scenarios():
+    full = profile == "full" if not ids else any("/triples/" in i for i in ids)
+    for s in all_scenarios(full):
         if area and s.area != area:
             continue
         base_id = s.id

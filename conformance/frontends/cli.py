@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list scenarios and adapters")
     lst.add_argument("--profile", default="full", choices=catalogue.PROFILES)
     lst.add_argument("--area", default=None, choices=options.AREA_CHOICES)
+    lst.add_argument("--coverage", action="store_true",
+                     help="per adapter and area: feature pairs covered / possible, uncovered pairs with the reason")
+    lst.add_argument("--adapter", action="append", default=[], help="with --coverage: these adapters (default: built-in)")
     from conformance.frontends import zoo
 
     zoo.add_arguments(sub.add_parser("zoo", help="run an area's scenarios against its mutant zoo: is every known-bad implementation caught?"))
@@ -160,6 +163,8 @@ def _only_infrastructure_errors(report_dir: str) -> bool:
 
 
 def cmd_list(args) -> int:
+    if args.coverage:
+        return _list_coverage(args)
     from rich.console import Console
     from rich.markup import escape  # "[pytorch/pytorch#N]" is not rich markup: show it
     from rich.table import Table
@@ -198,6 +203,30 @@ def cmd_compare(args) -> int:
     from conformance.frontends.compare_runs import cmd_compare as run_compare
 
     return run_compare(args)
+
+
+def _list_coverage(args) -> int:
+    """`list --coverage`: the pair coverage table, then every uncovered and excluded pair with why."""
+    from conformance import coverage
+
+    areas = (args.area,) if args.area else ()
+    records = coverage.per_adapter(args.profile, tuple(args.adapter), areas)
+    print(f"pair coverage, profile {args.profile}")
+    for r in records:
+        if "error" in r:
+            print(f"  {r['adapter']:<28} {r['area']:<8} unavailable: {r['error']}")
+            continue
+        print(f"  {r['adapter']:<28} {r['area']:<8} {r['covered']}/{r['possible']} pairs covered, "
+              f"{r['excluded']} excluded by constraints")
+    for r in records:
+        for u in r.get("uncovered", []):
+            pair = ", ".join(f"{k}={v}" for k, v in u["pair"].items())
+            print(f"uncovered {r['adapter']} {r['area']}: {pair}: {u['why']}")
+    for area in sorted({r["area"] for r in records}):
+        for e in coverage.exclusions(area):
+            pair = ", ".join(f"{k}={v}" for k, v in e["pair"].items())
+            print(f"excluded {area}: {pair}: {'/'.join(e['constraints'])}")
+    return 0
 
 
 COMMANDS = {"run": cmd_run, "list": cmd_list, "zoo": cmd_zoo, "compare": cmd_compare}

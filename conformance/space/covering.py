@@ -101,6 +101,7 @@ class _Solver:
             for i in dims:
                 self.by_dim[i].append(k)
         self._memo: dict[tuple, bool] = {}
+        self._feasible_memo: dict[tuple, bool] = {}
 
     def _named(self, row: Sequence[int | None], dims: Iterable[int]) -> dict[str, Any]:
         return {self.space.dimensions[i].name: self.space.dimensions[i].values[row[i]] for i in dims}
@@ -115,9 +116,28 @@ class _Solver:
                 out.append(k)
         return out
 
+    def _feasible(self, k: int, row: Sequence[int | None]) -> bool:
+        """Whether constraint k holds for some values of its still unassigned dimensions (memoized):
+        checking this as each dimension is assigned prunes the completion search early."""
+        dims = self.reads[k]
+        key = (k, tuple(row[i] for i in dims))
+        hit = self._feasible_memo.get(key)
+        if hit is None:
+            choices = [range(self.sizes[i]) if row[i] is None else (row[i],) for i in dims]
+            allows = self.space.constraints[k].allows
+            names = [self.space.dimensions[i] for i in dims]
+            hit = any(allows({d.name: d.values[v] for d, v in zip(names, values, strict=True)})
+                      for values in itertools.product(*choices))
+            self._feasible_memo[key] = hit
+        return hit
+
+    def consistent(self, row: Sequence[int | None], just: int | None = None) -> bool:
+        ks = self.by_dim[just] if just is not None else range(len(self.reads))
+        return all(self._feasible(k, row) for k in ks)
+
     def completable(self, row: list[int | None]) -> bool:
         """Whether the partial `row` extends to a complete row breaking no constraint."""
-        if self.broken(row):
+        if not self.consistent(row):
             return False
         key = tuple(row)
         if key not in self._memo:
@@ -130,7 +150,7 @@ class _Solver:
             return row  # type: ignore[return-value]
         for v in range(self.sizes[free]):
             row[free] = v
-            if not self.broken(row, free) and self._complete(row, free + 1) is not None:
+            if self.consistent(row, free) and self._complete(row, free + 1) is not None:
                 return row  # type: ignore[return-value]
         row[free] = None
         return None

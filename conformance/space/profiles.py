@@ -1,0 +1,130 @@
+"""Profiles generated from each area's space: the covering arrays behind quick, standard and full.
+
+- `standard`: every allowed pair of values of any two dimensions (strength 2);
+- `full`: every allowed triple (strength 3), world size 8 added;
+- `quick`: every allowed pair of the dimensions in `QUICK_CORE`, the others at their defaults,
+  at most `QUICK_BUDGET` rows.
+The hand-written catalogue stays pinned (upstream regressions keep their names): its scenarios
+are read as rows (`project`) and count as covering first, so the generator only adds rows for
+the pairs they leave out.
+
+Generating the DDP standard array takes seconds, too long for every process that loads the
+catalogue, and its output is deterministic: the rows are kept in `generated/<area>-<profile>.json`
+with the fingerprint of what they were generated from. A file whose fingerprint does not match
+is ignored and the rows are generated again (`python -m conformance.space.profiles` rewrites
+the files; tests/conformance/space checks that they are current).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.space import ddp, ddp_rows
+from conformance.space.covering import Dimension, Space, generate
+from conformance.spec import Scenario
+
+STORE = Path(__file__).parent / "generated"
+QUICK_BUDGET = 8
+
+
+@dataclass(frozen=True)
+class AreaSpace:
+    """One area's dimensions and constraints, and how its rows become scenarios."""
+
+    area: str
+    dimensions: tuple[Dimension, ...]
+    constraints: tuple
+    to_scenario: Callable[..., Scenario]
+    project: Callable[[Scenario], dict | None]
+    quick_core: tuple[str, ...]
+    full_values: dict
+
+    def space(self, profile: str = "standard") -> Space:
+        dims = self.dimensions
+        if profile == "full":
+            dims = tuple(Dimension(d.name, self.full_values.get(d.name, d.values), d.doc) for d in dims)
+        elif profile == "quick":
+            dims = tuple(d if d.name in self.quick_core else Dimension(d.name, d.values[:1], d.doc) for d in dims)
+        return Space(dims, self.constraints)
+
+
+AREAS: dict[str, AreaSpace] = {
+    "ddp": AreaSpace("ddp", ddp.DIMENSIONS, ddp.CONSTRAINTS, ddp_rows.scenario, ddp_rows.project,
+                     quick_core=("data", "broadcast_buffers", "bucket_view"), full_values=ddp.FULL_VALUES),
+}
+STRENGTH = {"quick": 2, "standard": 2, "full": 3}
+TAG = {"quick": "core", "standard": "pairs", "full": "triples"}
+
+
+def fingerprint(space: Space, strength: int, pinned: Iterable[dict]) -> str:
+    """What the rows depend on: the dimensions, the constraints' names and reasons, the pinned rows,
+    the strength (a changed predicate with the same name is caught by the test that regenerates)."""
+    text = repr(([(d.name, d.values) for d in space.dimensions], [(c.name, c.reason, c.reads) for c in space.constraints],
+                 strength, sorted(map(repr, pinned))))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def pinned_rows(area: str, pinned: Iterable[Scenario], profile: str) -> list[dict]:
+    a = AREAS[area]
+    rows = [a.project(s) for s in pinned if profile in s.profiles]
+    allowed = {d.name: d.values for d in a.space(profile).dimensions}
+    return [r for r in rows if r is not None and all(r[k] in allowed[k] for k in allowed)]
+
+
+def rows_for(area: str, profile: str, pinned: list[dict]) -> list[dict]:
+    """The generated rows (stored ones when their fingerprint matches)."""
+    space = AREAS[area].space(profile)
+    strength = STRENGTH[profile]
+    key = fingerprint(space, strength, pinned)
+    path = STORE / f"{area}-{profile}.json"
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored.get("fingerprint") == key:
+            return stored["rows"]
+    rows = generate(space, strength, pinned=pinned)
+    if profile == "quick" and len(rows) > QUICK_BUDGET:
+        raise RuntimeError(f"{area} quick: {len(rows)} rows cover the core pairs, over the budget of {QUICK_BUDGET}")
+    return rows
+
+
+@functools.cache
+def _generated(area: str, pinned: tuple[Scenario, ...], profiles: tuple[str, ...]) -> tuple[Scenario, ...]:
+    from conformance.catalogue.profiles import FULL, QUICK, STANDARD
+
+    tags = {"quick": QUICK, "standard": STANDARD, "full": FULL}
+    a = AREAS[area]
+    out = []
+    for profile in profiles:
+        for row in rows_for(area, profile, pinned_rows(area, pinned, profile)):
+            out.append(a.to_scenario(row, tags[profile], TAG[profile]))
+    return tuple(out)
+
+
+def generated(area: str, pinned: Iterable[Scenario], full: bool = False) -> list[Scenario]:
+    """The area's generated scenarios, each in the cheapest profile whose array needs it; the
+    strength-3 array (hundreds of rows) only when `full` is asked for (`catalogue.select`)."""
+    pinned = tuple(pinned)
+    out, seen = [], {s.id for s in pinned}
+    for s in _generated(area, pinned, ("quick", "standard", "full") if full else ("quick", "standard")):
+        if s.id not in seen:
+            seen.add(s.id)
+            out.append(s)
+    return out
+
+
+def write_store(area: str, pinned: list[Scenario], profiles: Iterable[str] = ("quick", "standard")) -> None:
+    STORE.mkdir(exist_ok=True)
+    for profile in profiles:
+        rows = pinned_rows(area, pinned, profile)
+        space = AREAS[area].space(profile)
+        fresh = generate(space, STRENGTH[profile], pinned=rows)
+        data = {"area": area, "profile": profile, "strength": STRENGTH[profile],
+                "fingerprint": fingerprint(space, STRENGTH[profile], rows), "rows": fresh}
+        (STORE / f"{area}-{profile}.json").write_text(json.dumps(data, indent=0) + "\n")
+        print(f"{area} {profile}: {len(fresh)} rows", file=sys.stderr)
