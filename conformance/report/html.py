@@ -177,6 +177,22 @@ def _expected(report: dict) -> str:
             f"<table><tr><th>case</th><th>expected because</th><th>seen</th></tr>{rows}</table>")
 
 
+def _coverage(report: dict) -> str:
+    """Pair coverage per adapter and area (issue 38): covered / possible, then what is uncovered and why."""
+    records = report.get("coverage") or []
+    if not records:
+        return ""
+    rows = "".join(f"<tr><td>{_e(r['adapter'])}</td><td>{_e(r['area'])}</td><td>{r['covered']}/{r['possible']}</td>"
+                   f"<td>{r['excluded']}</td></tr>" for r in records)
+    missing = "".join(f"<li>{_e(r['adapter'])} {_e(r['area'])}: "
+                      f"{_e(', '.join(f'{k}={v}' for k, v in u['pair'].items()))}: {_e(u['why'])}</li>"
+                      for r in records for u in r["uncovered"][:50])
+    return (f"<h2>Pair coverage (profile {_e(report['run']['profile'])})</h2><table><tr><th>adapter</th><th>area</th>"
+            f"<th>pairs covered / possible</th><th>excluded by constraints</th></tr>{rows}</table>"
+            + (f"<details><summary>uncovered pairs (first 50 per adapter)</summary><ul>{missing}</ul></details>"
+               if missing else ""))
+
+
 def render(report: dict) -> str:
     s = report["summary"]
     env, run = report["environment"], report["run"]
@@ -221,6 +237,7 @@ world sizes {_e(run['world_sizes'])}; seeds {_e(run['seeds'])}</td></tr>
 <h2>Adapters</h2><table><tr><th>spec</th><th>name</th><th>version</th><th>area</th><th>owns</th><th>verdict</th>
 <th>declared deviations from torch DDP</th></tr>{adapters}</table>
 {_compatibility(report)}
+{_coverage(report)}
 <h2>Matrix ({s['total']} cases)</h2><p class="legend">{legend}</p>
 {f'<p>failure classes (failures of this run): {_e(classes)}</p>' if classes else ''}
 {f'<p>expected failures&#39; classes (listed known failures, not failures of this run): {_e(expected)}</p>' if expected else ''}

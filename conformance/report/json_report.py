@@ -91,7 +91,16 @@ def build_report(results: list[dict], *, adapters: list[str], config=None, profi
         | {"expected_failure_classes": {c: expected_classes.get(c, 0) for c in FAILURE_CLASSES}}
         | {"verdicts": verdicts},
         "results": sorted(results, key=lambda r: (r["adapter"], r["scenario"])),
+        "coverage": _coverage(profile, adapters),
     }
+
+
+def _coverage(profile: str, adapters: list[str]) -> list[dict]:
+    """Per adapter and area with a generated space: feature pairs covered / possible (issue 38),
+    uncovered pairs with the reason (`conformance.coverage`)."""
+    from conformance import coverage
+
+    return [r for r in coverage.per_adapter(profile, tuple(adapters)) if "error" not in r]
 
 
 def write_json(path: str, report: dict) -> str:

@@ -171,6 +171,21 @@ CONSTRAINTS: tuple[Constraint, ...] = (
        lambda a: not _trait(a, "buffers") or a["precision"] in ("fp32", *AMP)),
     _c("sparse-sgd", "torch's Adam family and weight decay refuse sparse gradients", ("model", "optimizer"),
        lambda a: not _trait(a, "sparse") or a["optimizer"] in ("sgd", "none")),
+    _c("mixed-dtype-fp32", "the mixed-dtype model's fp32 layers meet its own fp64 layer: another parameter dtype "
+       "or autocast changes what is mixed (the inputs no longer fit a layer)", ("model", "precision"),
+       lambda a: not _trait(a, "fp64-layer") or a["precision"] == "fp32"),
+    _c("reentrant-hides-parameters", "reentrant checkpointing hides a segment's parameters from find_unused_parameters' "
+       "graph walk (a clear error: the pinned ckpt-reentrant-* scenarios)", ("activation_ckpt", "find_unused"),
+       lambda a: a["activation_ckpt"] != "reentrant" or not a["find_unused"]),
+    _c("lossy-reduce-one-step", "a lossy reduction (fp16/bf16 hook, reduce_dtype) is judged on one step, re-anchored: "
+       "straight through, its rounding compounds with no bound derived, so features that need several steps "
+       "(a round trip, an alternating zero_grad, join) are not composed with it",
+       ("hook", "reduce_dtype", "round_trip", "zero_grad", "join"),
+       lambda a: (a["hook"] in ("none", "allreduce") and a["reduce_dtype"] == "none")
+       or (a["round_trip"] == "off" and a["zero_grad"] == "optimizer" and a["join"] == "off")),
+    _c("join-no-round-trip", "the rank loop's round trip runs at a step a joined rank never reaches (its save and "
+       "rebuild are collectives): join() and a round trip are not composed", ("join", "round_trip"),
+       lambda a: a["join"] == "off" or a["round_trip"] == "off"),
     _c("half-params-adam", "Adam's eps (1e-8) is 0 in fp16/bf16 parameters: a zero gradient divides by zero on "
        "every engine", ("precision", "optimizer"),
        lambda a: a["precision"] not in HALF or a["optimizer"] in ("sgd", "sgd-wd", "none")),
