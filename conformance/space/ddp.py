@@ -186,6 +186,14 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _c("join-no-round-trip", "the rank loop's round trip runs at a step a joined rank never reaches (its save and "
        "rebuild are collectives): join() and a round trip are not composed", ("join", "round_trip"),
        lambda a: a["join"] == "off" or a["round_trip"] == "off"),
+    _c("lossy-reduce-sgd", "a lossy reduction's gradient is judged within its derived bound; Adam normalizes each "
+       "element by its own history, so the parameters it steps to from such a gradient have no derived bound",
+       ("hook", "reduce_dtype", "optimizer"),
+       lambda a: (a["hook"] in ("none", "allreduce") and a["reduce_dtype"] == "none")
+       or a["optimizer"] in ("sgd", "sgd-wd", "none")),
+    _c("no-optimizer-plain-loop", "without an optimizer gradients accumulate across steps: the plain rank loop's "
+       "scenario (the production-training loop and its oracle step and clear every step)",
+       ("optimizer", *FEATURE_DIMS), lambda a: a["optimizer"] != "none" or _plain_loop(a)),
     _c("half-params-adam", "Adam's eps (1e-8) is 0 in fp16/bf16 parameters: a zero gradient divides by zero on "
        "every engine", ("precision", "optimizer"),
        lambda a: a["precision"] not in HALF or a["optimizer"] in ("sgd", "sgd-wd", "none")),
