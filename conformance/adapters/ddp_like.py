@@ -135,6 +135,10 @@ class DDPLikeAdapter:
             and self._comm_hooks is torch_comm_hooks
         ):
             return "torch's bf16_compress_hook needs CUDA 11+ and NCCL 2.10+ (it refuses gloo on CPU)"
+        if scenario.options.reduce_dtype and scenario.device == "cpu" and self.cls is _torch_ddp_class():
+            # torch/nn/parallel/distributed.py: _MixedPrecision's reduce records CUDA events (forward
+            # raises "cpu backend doesn't support events" on CPU/gloo)
+            return "torch DDP's mixed_precision reduce_dtype records CUDA events (CPU/gloo raises)"
         return None
 
     def semantics_for(self, scenario):
@@ -238,6 +242,12 @@ def constructor_problem(cls: type) -> str | None:
     except TypeError as exc:
         return f"{cls.__name__}{sig} cannot be called like torch DDP, cls(module, process_group=..., find_unused_parameters=...): {exc}"
     return None
+
+
+def _torch_ddp_class() -> type:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel
 
 
 def torch_ddp() -> DDPLikeAdapter:

@@ -77,7 +77,7 @@ def make(
         tolerance = derived_bound(hook, w, casts=1, straight_through=HOOK_BAND[options.comm_hook],
                                   reason=f"{options.comm_hook} compression hook: shares cast to {hook}, summed in {hook}")
         fields.setdefault("steps", 1)
-    elif options.comm_hook:
+    elif options.comm_hook and dtype not in ("float16", "bfloat16"):  # half params: their own bound below
         tolerance = EXACT if w <= 2 else summation_order(dtype, w)
         fields.setdefault("steps", 1)
     elif options.reduce_dtype:

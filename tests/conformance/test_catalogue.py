@@ -54,7 +54,8 @@ def test_full_precision_at_three_and_four_ranks_is_bitwise_to_a_summation_order(
         if dict(s.features).get("compile"):
             assert s.tolerance.kind == "band", s.id  # torch.compile reorders inside kernels: no bound derived
             continue
-        assert s.tolerance.kind == "summation-order" and s.tolerance.straight_through is not None, s.id
+        # one step: the straight-through oracle starts from the verified construction state (implied)
+        assert s.tolerance.kind == "summation-order" and (s.tolerance.straight_through is not None or s.steps == 1), s.id
     low = [s for s in catalogue.all_scenarios() if s.area == "ddp" and s.dtype in ("float16", "bfloat16")]
     assert low and all(s.tolerance.kind == "derived-bound" and s.tolerance.sum_dtype == s.dtype for s in low)
 
