@@ -152,9 +152,10 @@ CONSTRAINTS: tuple[Constraint, ...] = (
        ("accumulation", "model"), lambda a: a["accumulation"] == "1" or not _trait(a, "sparse")),
     _c("join-buffer-free", "join() moves the buffer source; the oracle models join() for buffer-free models",
        ("join", "model"), lambda a: a["join"] == "off" or not _trait(a, "buffers")),
-    _c("features-broadcast-buffers", "broadcast_buffers=False (rank 0's buffers at construction only) is modelled "
-       "by the plain oracle only", ("broadcast_buffers", "model", *FEATURE_DIMS),
-       lambda a: a["broadcast_buffers"] or not _trait(a, "buffers") or _plain_loop(a)),
+    _c("broadcast-buffers-off-buffer-free", "broadcast_buffers=False leaves every rank its own buffers from "
+       "construction on (torch syncs buffers at construction only when it broadcasts them); the oracle does not model "
+       "per-rank buffers (the declared rule 'never') yet", ("broadcast_buffers", "model"),
+       lambda a: a["broadcast_buffers"] or not _trait(a, "buffers")),
     _c("split-plain", "forwards inside no_sync() with backwards outside are a plain-loop switch",
        ("accumulation", *FEATURE_DIMS), lambda a: a["accumulation"] != "split" or _plain_loop(a)),
     _c("sparse-dense-only-features", "sparse gradients: compression, reduce_dtype, bucket views, clipping and "
@@ -201,10 +202,16 @@ CONSTRAINTS: tuple[Constraint, ...] = (
        "scenario (the production-training loop and its oracle step and clear every step)",
        ("optimizer", *FEATURE_DIMS), lambda a: a["optimizer"] != "none" or _plain_loop(a)),
     _c("no-optimizer-exact-sums", "gradients accumulated across steps without an optimizer are modelled for "
-       "fp32/fp64 sums (no low-precision parameters or lossy reductions)", ("optimizer", "precision", "hook",
-                                                                          "reduce_dtype"),
+       "exact fp32/fp64 sums (1-2 ranks, no low-precision parameters or lossy reductions): the oracle adds plain "
+       "tensors, not summation-order envelopes", ("optimizer", "precision", "hook", "reduce_dtype", "world"),
        lambda a: a["optimizer"] != "none" or (a["precision"] in ("fp32", "fp64") and a["hook"] in ("none", "allreduce")
-                                              and a["reduce_dtype"] == "none")),
+                                              and a["reduce_dtype"] == "none" and a["world"] <= 2)),
+    _c("adam-two-ranks", "Adam normalizes each element by its own history: at 3+ ranks a summation-order difference "
+       "becomes a full-size step, and the straight-through band does not hold", ("optimizer", "world"),
+       lambda a: a["world"] <= 2 or a["optimizer"] in ("sgd", "sgd-wd", "none")),
+    _c("compile-unit-scale", "torch.compile's band (no bound derived) has an absolute part sized for O(1) values: "
+       "large and tiny data are not judged under it", ("compile", "data"),
+       lambda a: a["compile"] == "off" or a["data"] in ("int", "cont")),
     _c("reduce-dtype-plain", "a declared reduce_dtype bound is composed with the plain loop's oracle only "
        "(autocast, clipping and the other production features are not composed with it yet)",
        ("reduce_dtype", *FEATURE_DIMS), lambda a: a["reduce_dtype"] == "none" or _plain_loop(a)),
