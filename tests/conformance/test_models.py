@@ -78,3 +78,27 @@ def test_map_leaves_keeps_every_container_type_and_visits_every_leaf():
     assert out == {"x": [10, (20, Pair(30, "s"))], "y": None}
     assert type(out["x"][1][1]) is Pair and type(out["x"]) is list
     assert seen == [1, 2, 3, "s", None]
+
+
+def test_data_scale_multiplies_the_inputs_by_a_power_of_two():
+    # issue 38's data-regime dimension: the same model sees inputs x 2**k (exact for small integers)
+    import torch
+
+    from conformance.models.data import build_model, make_inputs
+
+    (x,) = make_inputs("mlp", seed=0, rank=0, step=0, micro=0, size=4)
+    plain = build_model("mlp", {}, seed=0, rank=0)
+    scaled = build_model("mlp", {"data_scale": 3}, seed=0, rank=0)
+    assert torch.equal(scaled(x, rank=0, micro=0), plain(x * 8, rank=0, micro=0))
+    assert [n for n, _ in scaled.named_parameters()] == [n for n, _ in plain.named_parameters()]
+
+
+def test_every_optimizer_of_the_space_builds():
+    import torch
+
+    from conformance.models.data import OPTIMIZER_CLASSES, make_optimizer
+
+    p = torch.nn.Parameter(torch.ones(3))
+    for name in OPTIMIZER_CLASSES:
+        assert make_optimizer(name, [p]) is not None
+    assert make_optimizer("none", [p]) is None
