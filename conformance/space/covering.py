@@ -284,9 +284,17 @@ def excluded(space: Space, strength: int = 2) -> list[tuple[Row, tuple[str, ...]
         if solver.completable(row):
             continue
         direct = solver.broken(row)
-        names = direct or sorted({k for v in _completions(solver, row) for k in solver.broken(v)})
+        names = direct or _chain(solver, row)
         out.append((_named(solver, t), tuple(space.constraints[k].name for k in names)))
     return out
+
+
+def _chain(solver: _Solver, row: list[int | None]) -> list[int]:
+    """The constraints a tuple excluded through a chain meets: those every tried completion
+    breaks (else all that any breaks), so the report names the ones that matter."""
+    broken = [set(solver.broken(v)) for v in _completions(solver, row)]
+    common = set.intersection(*broken) if broken else set()
+    return sorted(common or set().union(*broken))
 
 
 def _completions(solver: _Solver, row: list[int | None]) -> Iterable[list[int]]:
