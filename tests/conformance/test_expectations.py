@@ -48,7 +48,7 @@ def test_powersgds_collective_order_race_is_listed_as_intermittent_and_ending_th
     reason = entries["torch-ddp-powersgd|ddp/autocast-unused/branches/w2/fp32"]
     assert markers(reason) == {ENDS_WORLD, INTERMITTENT}
     assert "find_unused_parameters" in reason and "Received data size" in reason
-    # the other entries of the file stay strict
-    others = [r for case, r in entries.items() if "autocast-unused" not in case]
+    # the other entries of the file stay strict, except the same race found again (issue 39's MoE)
+    others = [r for case, r in entries.items() if "autocast-unused" not in case and "as ddp/autocast-unused" not in r]
     assert others and not any(intermittent(r) for r in others)
     assert os.path.basename(builtin_xfails("torch-ddp-powersgd")) == "torch-ddp-powersgd.txt"
