@@ -12,8 +12,7 @@ one and checks the warning.
 
 from __future__ import annotations
 
-import importlib
-import warnings
+from refimpl._deprecated import MovedModules
 
 REMOVED_IN = "0.3.0"
 
@@ -52,15 +51,6 @@ MOVED = {
 RENAMED = {"conformance.models.zoo": {"ZOO": "BUILTIN_MODELS"}}
 
 
-def message(old: str) -> str:
-    return f"{old} is deprecated and will be removed in gradparity {REMOVED_IN}: import {MOVED[old]} instead"
-
-
-def reexport(old: str, namespace: dict) -> None:
-    """Warn that `old` moved, then give its module namespace every name of the new module."""
-    # 3: the importing code (past this function and the shim; warnings skips importlib's frames)
-    warnings.warn(message(old), DeprecationWarning, stacklevel=3)
-    module = importlib.import_module(MOVED[old])
-    namespace.update({k: v for k, v in vars(module).items() if not (k.startswith("__") and k.endswith("__"))})
-    for old_name, new_name in RENAMED.get(old, {}).items():
-        namespace[old_name] = getattr(module, new_name)
+_PATHS = MovedModules("gradparity", REMOVED_IN, MOVED, RENAMED)
+message = _PATHS.message
+reexport = _PATHS.reexport

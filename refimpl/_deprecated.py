@@ -33,15 +33,30 @@ MOVED = {
 RENAMED = {"refimpl.bucketer": {"BucketState": "StagingState"}}
 
 
-def message(old: str) -> str:
-    return f"{old} is deprecated and will be removed in refimpl {REMOVED_IN}: import {MOVED[old]} instead"
+class MovedModules:
+    """One package's moved module paths: the message naming the new path, and the shim's body.
+
+    conformance's moved paths (`conformance._deprecated`) use the same class with their own tables.
+    """
+
+    def __init__(self, project: str, removed_in: str, moved: dict[str, str],
+                 renamed: dict[str, dict[str, str]]) -> None:
+        self.project, self.removed_in, self.moved, self.renamed = project, removed_in, moved, renamed
+
+    def message(self, old: str) -> str:
+        return (f"{old} is deprecated and will be removed in {self.project} {self.removed_in}: "
+                f"import {self.moved[old]} instead")
+
+    def reexport(self, old: str, namespace: dict) -> None:
+        """Warn that `old` moved, then give its module namespace every name of the new module."""
+        # 3: the importing code (past this method and the shim; warnings skips importlib's frames)
+        warnings.warn(self.message(old), DeprecationWarning, stacklevel=3)
+        module = importlib.import_module(self.moved[old])
+        namespace.update({k: v for k, v in vars(module).items() if not (k.startswith("__") and k.endswith("__"))})
+        for old_name, new_name in self.renamed.get(old, {}).items():
+            namespace[old_name] = getattr(module, new_name)
 
 
-def reexport(old: str, namespace: dict) -> None:
-    """Warn that `old` moved, then give its module namespace every name of the new module."""
-    # 3: the importing code (past this function and the shim; warnings skips importlib's frames)
-    warnings.warn(message(old), DeprecationWarning, stacklevel=3)
-    module = importlib.import_module(MOVED[old])
-    namespace.update({k: v for k, v in vars(module).items() if not (k.startswith("__") and k.endswith("__"))})
-    for old_name, new_name in RENAMED.get(old, {}).items():
-        namespace[old_name] = getattr(module, new_name)
+_PATHS = MovedModules("refimpl", REMOVED_IN, MOVED, RENAMED)
+message = _PATHS.message
+reexport = _PATHS.reexport
