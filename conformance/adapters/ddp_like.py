@@ -269,10 +269,6 @@ def refimpl_ddp() -> DDPLikeAdapter:
 
     adapter = DDPLikeAdapter("refimpl-ddp", DistributedDataParallel, version=refimpl.__version__, comm_hooks=hooks)
     adapter.deterministic = True  # same inputs, same collectives in the same order: bitwise the same
-    from conformance.semantics import Scaling, Semantics
-
-    # The collective sums, the write-back scales by fl(1/W): torch DDP scales first. Bitwise the
-    # same for W a power of two; otherwise the last bit, so declared and modelled.
-    adapter.semantics = Semantics(scaling=Scaling.POST, sources=(
-        "refimpl/ddp/buckets.py [Note: where 1/W is applied]: the sum is scaled, not each share",))
+    # No declared semantics: refimpl scales each share by fl(1/W) before the sum, as torch DDP
+    # does (refimpl/ddp/buckets.py [Note: where 1/W is applied]), so torch DDP's rules apply.
     return adapter

@@ -6,19 +6,18 @@ gradient is copied in when it is ready, the bucket is launched in bucket order o
 gradients are in, and finished at the end of backward); a bucket knows *how*:
 
 * ``copy_in``  — put one gradient into its slot (zeros for a parameter without one);
-* ``launch``   — start the bucket's asynchronous sum: all-reduce, a comm hook, or the sparse
-  all-gather;
-* ``finish``   — wait for it, copy the result back to ``.grad`` and scale it by 1/W.
+* ``launch``   — scale the bucket by 1/W and start its asynchronous sum: all-reduce, a comm
+  hook, or the sparse all-gather;
+* ``finish``   — wait for it and copy the result back to ``.grad``.
 
-[Note: where 1/W is applied] ``finish`` is the only place refimpl's DDP divides by the
-number of ranks: the collective sums, the write-back scales. Large gradients are scaled while
-being copied back (``torch.mul(out=)``: one pass over memory, no extra one); for small ones
-that call costs more than the data, so the whole buffer is scaled once and copied back with
-one ``_foreach_copy_``. With ``gradient_as_bucket_view`` the gradients *are* the buffer, so
-it is scaled in place. Summing then scaling equals torch's scale-then-sum bitwise whenever W
-is a power of two (scaling by 1/W is then exact); otherwise the two differ by at most one
-rounding, inside the suite's tolerance for 3+ ranks. A comm hook returns the average itself
-(torch's hook contract), so its result is copied back unscaled.
+[Note: where 1/W is applied] ``launch`` is the only place refimpl's DDP divides by the
+number of ranks, and it divides *before* the sum, as torch's reducer does: the whole buffer
+is scaled once in place (with ``gradient_as_bucket_view`` the gradients *are* the buffer),
+a sparse gradient's values before they are gathered. Scaling after the sum would agree
+bitwise for a power-of-two W except where the sum itself overflows: W float16 gradients of
+~40000 each sum to inf, while their averages are finite (a checkpointed fp16 run found it).
+A comm hook returns the average itself (torch's hook contract), so it gets the unscaled
+buffer and its result is copied back as it is.
 """
 
 from __future__ import annotations
@@ -33,14 +32,9 @@ from .comm_hooks import GradBucket
 from .plan import BucketPlan
 from .sparse import SparseAllGatherReduction
 
-__all__ = ["FUSE_MIN_NUMEL", "Bucket"]
+__all__ = ["Bucket"]
 
 _now = time.perf_counter_ns
-
-# Mean elements per gradient above which 1/W is fused into the per-gradient copy-back (see
-# [Note: where 1/W is applied]); below it the per-call overhead of ``torch.mul(out=)`` dominates.
-FUSE_MIN_NUMEL = 16384
-
 
 class Bucket:
     """Runtime state of one planned bucket (the plan itself is immutable)."""
@@ -48,7 +42,7 @@ class Bucket:
     __slots__ = (
         "plan", "index", "sparse", "buffer", "views", "params", "pending",
         "work", "future", "sparse_reduction", "launch_ns", "grad_bucket",
-        "on_done", "scale_per_grad", "finish_cell",
+        "on_done", "finish_cell",
     )  # fmt: skip
 
     def __init__(self, plan: BucketPlan, params: list[torch.Tensor], is_last: bool):
@@ -59,7 +53,6 @@ class Bucket:
         self.pending = len(params)
         self.work = self.future = self.sparse_reduction = None
         self.launch_ns = -1
-        self.scale_per_grad = not plan.sparse and plan.numel >= FUSE_MIN_NUMEL * len(params)
         if plan.sparse:
             self.buffer = None
             self.views = []
@@ -94,12 +87,16 @@ class Bucket:
             if as_view:
                 p.grad = view
 
-    def launch(self, group, hook, hook_state) -> None:
-        """Start this bucket's sum over ranks (all ranks call this in bucket order)."""
+    def launch(self, group, hook, hook_state, scale: float | None = None) -> None:
+        """Scale by ``scale`` (1/W; None: the divisor is 1) and start this bucket's sum over
+        ranks (all ranks call this in bucket order); see [Note: where 1/W is applied]."""
         self.launch_ns = _now()
         if self.sparse:
             p = self.params[0]
-            self.sparse_reduction = SparseAllGatherReduction(p.grad, p, group)
+            grad = p.grad  # None on a rank that did not use it: it still takes part
+            if grad is not None and scale is not None:
+                grad = grad.mul(scale)  # each share, before coalescing, as torch does
+            self.sparse_reduction = SparseAllGatherReduction(grad, p, group)
             return
         if hook is not None:
             self.grad_bucket.set_buffer(self.buffer)
@@ -108,15 +105,17 @@ class Bucket:
                 raise TypeError(f"comm hook must return a torch.futures.Future, got {type(fut).__name__}")
             self.future = fut
         else:
+            if scale is not None:
+                self.buffer.mul_(scale)
             self.work = dist.all_reduce(self.buffer, group=group, async_op=True)
             fut = self.work.get_future()
         fut.add_done_callback(self.on_done)
 
-    def finish(self, global_used: list[int] | None, as_view: bool, scale: float | None) -> None:
-        """Wait for the sum, copy it back to ``.grad`` and scale it by ``scale`` (1/W).
+    def finish(self, global_used: list[int] | None, as_view: bool) -> None:
+        """Wait for the (already averaged) sum and copy it back to ``.grad``.
 
         ``global_used`` (with unused-parameter detection): a parameter no rank used keeps its
-        ``.grad`` as it was. ``scale`` None: the divisor is 1.
+        ``.grad`` as it was.
         """
         indices = self.plan.param_indices
         if self.sparse:
@@ -124,7 +123,7 @@ class Bucket:
             self.sparse_reduction = None
             self.finish_cell[0] = _now()
             if global_used is None or global_used[indices[0]]:
-                self.params[0].grad = summed if scale is None else summed.mul(scale)
+                self.params[0].grad = summed
             return
         # 1. wait
         if self.work is not None:
@@ -135,13 +134,9 @@ class Bucket:
             self.future = None
             if result is not self.buffer:
                 self.buffer.copy_(result.view(-1))
-            scale = None  # a comm hook returns the average itself (torch's hook contract)
-        # 2. copy back and 3. scale, see [Note: where 1/W is applied]
+        # 2. copy back
         params, views = self.params, self.views
-        per_grad = scale is not None and self.scale_per_grad and not as_view
-        if scale is not None and not per_grad:
-            self.buffer.mul_(scale)
-        if global_used is None and not as_view and not per_grad:
+        if global_used is None and not as_view:
             compat.foreach_copy_([p.grad for p in params], views)
             return
         for k, p in enumerate(params):
@@ -151,11 +146,6 @@ class Bucket:
             if as_view:
                 if g is not view:
                     p.grad = view
-            elif per_grad:
-                if g is None:
-                    p.grad = torch.mul(view, scale, out=torch.empty_like(p))
-                else:
-                    torch.mul(view, scale, out=g)
             elif g is None:
                 p.grad = torch.empty_like(p).copy_(view)
             else:

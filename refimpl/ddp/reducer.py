@@ -6,11 +6,12 @@ averages but overlaps communication with backward. One synced iteration, in four
     1. mark ready    a parameter's gradient is accumulated (its hook fires, or finalize finds
                      it unused): copy it into its slot of a flat bucket buffer
     2. bucket full   the bucket's last slot is filled
-    3. launch        start that bucket's asynchronous all-reduce -- and every full bucket
-                     after it, strictly in bucket order, so all ranks issue the same
-                     collectives in the same order whatever order their gradients arrive in
+    3. launch        scale that bucket by 1/W and start its asynchronous all-reduce -- and
+                     every full bucket after it (``Bucket.launch``), strictly in bucket
+                     order, so all ranks issue the same collectives in the same order
+                     whatever order their gradients arrive in
     4. finalize      when backward ends: mark what never got a gradient, then per bucket
-                     wait, copy back to ``.grad``, scale by 1/W (``Bucket.finish``)
+                     wait, copy back to ``.grad`` (``Bucket.finish``)
 
 States (``ReducerState``)::
 
@@ -326,10 +327,11 @@ class Reducer:
         """Step 3: launch every full bucket from the next one on, in bucket order."""
         buckets = self._buckets
         nb = len(buckets)
+        scale = None if self._div == 1 else 1.0 / self._div  # see [Note: where 1/W is applied]
         while self._next_bucket < nb and buckets[self._next_bucket].pending == 0:
             b = buckets[self._next_bucket]
             self._next_bucket += 1
-            b.launch(self._pg, self._hook, self._hook_state)
+            b.launch(self._pg, self._hook, self._hook_state, scale)
 
     # ----------------------------------------------------- step 4: finalize
     def _finalize(self) -> None:
@@ -340,9 +342,8 @@ class Reducer:
         self._finalize_start_ns = _now()
         try:
             global_used = self._mark_the_rest_ready()
-            scale = None if self._div == 1 else 1.0 / self._div
             for b in self._buckets:
-                b.finish(global_used, self._as_view, scale)  # wait, copy back, scale
+                b.finish(global_used, self._as_view)  # wait, copy back
         except BaseException:
             self._abort()
             raise

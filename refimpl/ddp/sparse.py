@@ -9,7 +9,8 @@ gathered (when the reducer finalizes) and the padding is trimmed off.
 
 Every rank runs the same sequence of collectives (count gather at launch, data gathers at
 finalize, in bucket order), which is what keeps the group's collective streams aligned.
-The result is the sum; the bucket's ``finish`` scales it by 1/W like every other gradient.
+The bucket's ``launch`` scales each rank's gradient by 1/W before it is gathered, like every
+other gradient; the result is the sum.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""refimpl/ddp/buckets.py: copy in, launch a plain sum, finish = wait, copy back, scale.
+"""refimpl/ddp/buckets.py: copy in, launch = scale and sum, finish = wait, copy back.
 
-``Bucket.finish`` is the one place DDP divides by the number of ranks; each of its three
-write-back paths (per-gradient fused scale for large gradients, whole-buffer scale for small
-ones, in place with ``gradient_as_bucket_view``) is pinned here, plus the comm-hook path that
-must *not* scale (the hook returns the average itself). World size 1 (in-process gloo): the
-all-reduce is the identity, so the expected result is exactly ``grad * scale``.
+``Bucket.launch`` is the one place DDP divides by the number of ranks, before the sum; the
+write-back paths (copied back, in place with ``gradient_as_bucket_view``) are pinned here,
+plus the comm-hook path that must *not* scale (the hook returns the average itself). World
+size 1 (in-process gloo): the all-reduce is the identity, so the expected result is exactly
+``grad * scale``. One 2-rank test pins *why* it is before: float16 sums that overflow.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from refimpl.ddp.buckets import FUSE_MIN_NUMEL, Bucket
+from refimpl.ddp.buckets import Bucket
 from refimpl.ddp.plan import ParamInfo, plan_buckets
+from tests.refimpl._refimpl_world import run_world
+
+LARGE = 1 << 15  # elements: a bucket of large gradients goes through the same write-back
 
 
 def _bucket(shapes):
@@ -31,14 +34,13 @@ def _bucket(shapes):
 def _reduce(bucket, group, *, as_view=False, scale=0.5, hook=None, used=None):
     for k in range(len(bucket.params)):
         bucket.copy_in(k, as_view)
-    bucket.launch(group, hook, None)
-    bucket.finish(used, as_view, scale)
+    bucket.launch(group, hook, None, scale)
+    bucket.finish(used, as_view)
 
 
-@pytest.mark.parametrize("shapes", [[(3, 4), (5,)], [(FUSE_MIN_NUMEL * 2,), (FUSE_MIN_NUMEL,)]], ids=["small", "large"])
+@pytest.mark.parametrize("shapes", [[(3, 4), (5,)], [(LARGE * 2,), (LARGE,)]], ids=["small", "large"])
 def test_finish_copies_back_and_scales_once(world1, shapes):
     bucket, grads = _bucket(shapes)
-    assert bucket.scale_per_grad == (shapes[0][0] > 100)
     same_objects = [p.grad for p in bucket.params]
     _reduce(bucket, world1, scale=0.5)
     for p, g, obj in zip(bucket.params, grads, same_objects, strict=True):
@@ -53,7 +55,7 @@ def test_finish_without_divisor_leaves_the_sum(world1):
 
 
 def test_bucket_view_grads_are_scaled_in_the_buffer(world1):
-    bucket, grads = _bucket([(3, 4), (FUSE_MIN_NUMEL,)])
+    bucket, grads = _bucket([(3, 4), (LARGE,)])
     _reduce(bucket, world1, as_view=True, scale=0.25)
     for p, g, view in zip(bucket.params, grads, bucket.views, strict=True):
         assert p.grad is view
@@ -78,3 +80,21 @@ def test_a_parameter_no_rank_used_keeps_its_grad(world1):
     _reduce(bucket, world1, scale=0.5, used=[1, 0] if bucket.plan.param_indices == (0, 1) else [0, 1])
     assert unused.grad is None
     assert torch.equal(bucket.params[0].grad, grads[0] * 0.5)
+
+
+def _fp16_average_near_the_top(rank, world_size):
+    import torch.distributed as dist
+
+    p = nn.Parameter(torch.zeros(4, dtype=torch.float16))
+    (plan,) = plan_buckets([ParamInfo.of(p)], 1 << 30, 1 << 30, [False])
+    bucket = Bucket(plan, [p], is_last=True)
+    p.grad = torch.full((4,), 40000.0, dtype=torch.float16)  # two of them sum past 65504
+    bucket.copy_in(0, False)
+    bucket.launch(dist.group.WORLD, None, None, 1.0 / world_size)
+    bucket.finish(None, False)
+    assert torch.equal(p.grad, torch.full((4,), 40000.0, dtype=torch.float16)), p.grad
+
+
+def test_fp16_gradients_are_divided_before_they_are_summed():
+    """Sum-then-divide gives inf where the average is finite (torch divides first)."""
+    run_world(_fp16_average_near_the_top, 2)

@@ -4,7 +4,7 @@
 method of the wrapper, of its reducer (`_reducer_class`: the reducer the wrapper builds is given
 that class) or of its join hook, the way a person writing that piece could. The adapters are the
 built-in `refimpl-ddp` adapter around the mutant class (`DDPLikeAdapter`, refimpl's comm hooks
-and its declared `scaling=post`), so a mutant runs every scenario refimpl's DDP runs.
+and torch DDP's semantics), so a mutant runs every scenario refimpl's DDP runs.
 
 Dimensions (see the package docstring): `who` (rank 0, the highest rank), `when` (a flag read at
 forward or at backward, buffers before or after the forward, the used map reset), `how often`
