@@ -98,3 +98,27 @@ def _fp16_average_near_the_top(rank, world_size):
 def test_fp16_gradients_are_divided_before_they_are_summed():
     """Sum-then-divide gives inf where the average is finite (torch divides first)."""
     run_world(_fp16_average_near_the_top, 2)
+
+
+def _sparse_shares_scaled_before_the_gather(rank, world_size):
+    import itertools
+
+    import torch.distributed as dist
+
+    p = nn.Parameter(torch.zeros(4, 2, dtype=torch.float64))
+    (plan,) = plan_buckets([p], 1 << 30, 1 << 30, [True])
+    bucket = Bucket(plan, [p], is_last=True)
+    share = [1.1, 2.2, 3.3][rank]  # (1.1+2.2+3.3)/3 is no sum of the three shares /3 in any order
+    p.grad = torch.sparse_coo_tensor([[1]], torch.full((1, 2), share, dtype=torch.float64), (4, 2))
+    scale = 1.0 / world_size
+    bucket.launch(dist.group.WORLD, None, None, scale)
+    bucket.finish(None, False)
+    got = p.grad.to_dense()[1, 0].item()
+    shares = [1.1 * scale, 2.2 * scale, 3.3 * scale]
+    accepted = {(x + y) + z for x, y, z in itertools.permutations(shares)}
+    assert got in accepted and (1.1 + 2.2 + 3.3) * scale not in accepted, got
+
+
+def test_sparse_gradients_are_divided_before_they_are_gathered():
+    """torch's reducer divides a sparse gradient before its all-reduce: the last bit at 3 ranks."""
+    run_world(_sparse_shares_scaled_before_the_gather, 3)
