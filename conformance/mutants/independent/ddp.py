@@ -78,7 +78,6 @@ class Correct(DDPLikeAdapter):
 
     def __init__(self):
         import refimpl
-        from conformance.semantics import Scaling, Semantics
         from refimpl.ddp import comm_hooks
 
         def hooks():
@@ -88,8 +87,7 @@ class Correct(DDPLikeAdapter):
         super().__init__(f"indep-ddp-{self.name_suffix}", self.engine_class, version=refimpl.__version__,
                          comm_hooks=hooks)
         self.deterministic = True  # as refimpl-ddp: same inputs, same collectives in the same order
-        self.semantics = Semantics(scaling=Scaling.POST, sources=(
-            "refimpl/ddp/buckets.py [Note: where 1/W is applied]: the sum is scaled, not each share",))
+        # no declared semantics: refimpl divides each share before the sum, as torch DDP does
 
     name_suffix = "correct"
 

@@ -77,7 +77,6 @@ class Correct(DDPLikeAdapter):
 
     def __init__(self):
         import refimpl
-        from conformance.semantics import Scaling, Semantics
 
         def comm_hooks():
             return {"allreduce": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
@@ -86,8 +85,7 @@ class Correct(DDPLikeAdapter):
         super().__init__(f"ix-ddp-{self.name_suffix}", self.engine_class, version=refimpl.__version__,
                          comm_hooks=comm_hooks)
         self.deterministic = True  # as refimpl-ddp
-        self.semantics = Semantics(scaling=Scaling.POST, sources=(
-            "refimpl/ddp/buckets.py [Note: where 1/W is applied]: the sum is scaled, not each share",))
+        # no declared semantics: refimpl divides each share before the sum, as torch DDP does
 
 
 def mutant(name: str, clause: str, pair: str, bug: str, **kw):
