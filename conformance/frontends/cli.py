@@ -169,12 +169,15 @@ def cmd_list(args) -> int:
     from rich.markup import escape  # "[pytorch/pytorch#N]" is not rich markup: show it
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200, emoji=False)  # user strings stay text
+    scenarios = catalogue.select(profile=args.profile, area=args.area)
+    # piped: wide enough for the longest (generated) id and the columns beside it
+    width = max([200] + [len(s.id) + 160 for s in scenarios])
+    console = Console(width=None if sys.stdout.isatty() else width, emoji=False)  # user strings stay text
     table = Table(title=f"scenarios (profile {args.profile})")
     table.add_column("id", no_wrap=True)  # ids are copied into --scenario: never truncate them
     for col in ("profiles", "requires", "tolerance", "about"):
         table.add_column(col)
-    for s in catalogue.select(profile=args.profile, area=args.area):
+    for s in scenarios:
         about = s.description + (f" [{s.upstream}]" if s.upstream else "")
         table.add_row(escape(s.id), next(p for p in catalogue.PROFILES if p in s.profiles) + "+",
                       ", ".join(sorted(c.value for c in s.requires)), escape(s.tolerance.describe()), escape(about))

@@ -26,7 +26,7 @@ def test_unknown_feature_is_refused():
 def test_every_family_has_scenarios_at_two_to_four_ranks_with_five_steps():
     families = {}
     for s in catalogue.all_scenarios():
-        if s.features:
+        if s.features and "/pairs/" not in s.id:  # the hand-written families (generated rows: tests/conformance/space)
             families.setdefault(s.id.split("/")[1].split("-")[0], set()).add(s.world_size)
             assert Features.of(s).total_steps(s) >= 5 or Features.of(s).throw_on_early_termination, s.id
     for family in ("join", "autocast", "ckpt", "compile", "clip", "requires", "checkpoint", "determinism"):
