@@ -38,9 +38,12 @@ class Lin(nn.Module):
         return self.lin(x).float().sum()
 
 
+_SCRATCH: dict = {}  # a rank process's scratch, as the pool's RankContext keeps it (the HSDP mesh)
+
+
 def _ctx(rank):
     return SimpleNamespace(rank=rank, world_size=W, group=dist.group.WORLD, device=torch.device("cpu"),
-                           backend="gloo")
+                           backend="gloo", scratch=_SCRATCH)
 
 
 def _wrap(adapter, rank, dtype=torch.float32, **options):

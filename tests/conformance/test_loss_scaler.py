@@ -47,7 +47,7 @@ def test_with_accumulation_the_loss_divided_by_the_count_is_scaled_not_each_grad
     from conformance.oracle.baseline import compute
     from conformance.semantics import Accumulation, Precision, Semantics
 
-    s = next(x for x in catalogue.select(profile="standard") if x.id == "ddp/gas-fp16/mlp/w2/fp16")
+    s = next(x for x in catalogue.select(profile="full") if x.id == "ddp/gas-fp16/mlp/w2/fp16")
     scale = 2.0**7
     sem = Semantics(accumulation=Accumulation.MEAN, precision=Precision.FP32_MASTER,
                     loss_scaler=DynamicLossScale(init_scale=scale, hysteresis=1))

@@ -10,7 +10,7 @@ from conformance.semantics import Precision, Semantics
 
 
 def test_fp32_masters_step_differently_from_bf16_parameters_and_are_cast_back():
-    s = next(x for x in catalogue.select(profile="standard") if x.id == "ddp/bf16-params/mlp/w2/bf16")
+    s = next(x for x in catalogue.select(profile="full") if x.id == "ddp/bf16-params/mlp/w2/bf16")
     master = [e for e in compute(s, Semantics(precision=Precision.FP32_MASTER)).events if e.kind == "step"]
     plain = [e for e in compute(s).events if e.kind == "step"]
     assert all(t.dtype == torch.bfloat16 for t in master[-1].per_rank[0].values())
