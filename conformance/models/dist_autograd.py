@@ -35,7 +35,11 @@ def owner(param_name: str) -> int:
 # (`conformance.runners.dist_autograd`) hands its loader over when it is imported
 # (`use_loader`), and a worker is imported that module before its RPC agent starts (the agent
 # is started by that module's `run`), so every call that reaches a worker finds the loader.
+# A worker started by other means (a test's RPC world) has no rank task: there the registry's
+# loader is named by string, as the area entries name their pieces (conformance/areas/), and
+# resolved on first use.
 _LOADER: list = []  # [load(spec) -> adapter], set once per process
+_REGISTRY_LOADER = "conformance.adapters.registry:load"
 
 
 def use_loader(load) -> None:
@@ -45,8 +49,10 @@ def use_loader(load) -> None:
 
 def adapter_for(mode: str):
     if not _LOADER:
-        raise RuntimeError(f"no adapter loader in this process for mode {mode!r}: import "
-                           "conformance.runners.dist_autograd (it hands over the registry's) first")
+        import importlib
+
+        module, _, name = _REGISTRY_LOADER.partition(":")
+        use_loader(getattr(importlib.import_module(module), name))
     return _LOADER[0](mode)
 
 
