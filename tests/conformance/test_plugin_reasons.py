@@ -36,9 +36,9 @@ def test_an_all_skipped_run_prints_its_reasons_and_is_not_a_pass(tmp_path):
 @pytest.mark.slow
 def test_an_expected_failure_prints_its_reason_and_its_class_as_expected(tmp_path):
     done = _run(["-c", "import sys; from conformance.frontends.cli import main; sys.exit(main())", "run", "--adapter", "torch-ddp",
-                 "--scenario", "ddp/reduce-bf16/mlp/w2/fp32", "--report-dir", str(tmp_path / "r")], tmp_path)
+                 "--scenario", "ddp/buffer-order/buffer-order/w2/fp32", "--report-dir", str(tmp_path / "r")], tmp_path)
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-2000:]
-    assert ("x torch-ddp|ddp/reduce-bf16/mlp/w2/fp32: [expected raised] expected failure: mixed_precision="
-            in " ".join(out.split()))
-    assert "expected failures' classes (not failures of this run): raised 1" in out
+    assert ("x torch-ddp|ddp/buffer-order/buffer-order/w2/fp32: [expected wrong value] expected failure: "
+            "positional buffer broadcast" in " ".join(out.split()))
+    assert "expected failures' classes (not failures of this run): wrong value 1" in out
