@@ -49,7 +49,7 @@ BATCHED_CFG = PowerSGDConfig(start_powerSGD_iter=START, batched_hook=True)
 
 def _scenario(world_size: int):
     wanted = f"ddp/plain/mlp/w{world_size}/fp32"
-    return next(s for s in catalogue.select(profile="standard") if s.id == wanted).with_(steps=STEPS)
+    return next(s for s in catalogue.select(profile="full") if s.id == wanted).with_(steps=STEPS)
 
 
 def _hook(name):
@@ -247,7 +247,7 @@ def _buckets_torch_reduces(port, queue):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     out = {}
     for sid in LAYOUT_SCENARIOS:
-        s = next(x for x in catalogue.select(profile="standard") if x.id == sid)
+        s = next(x for x in catalogue.select(profile="full") if x.id == sid)
         feats = Features.of(s)
         model = build_model(s.model, model_kwargs(s, feats, oracle=False), seed=s.seed, rank=0, dtype=s.dtype,
                             device="cpu", exact=s.exact_data)
@@ -293,7 +293,7 @@ def test_the_simulated_buckets_are_the_ones_torch_ddp_reduces():
     seen = queue.get(timeout=300)
     proc.join(timeout=60)
     for sid, buckets in seen.items():
-        s = next(x for x in catalogue.select(profile="standard") if x.id == sid).with_(world_size=2)
+        s = next(x for x in catalogue.select(profile="full") if x.id == sid).with_(world_size=2)
         from conformance.features import Features, model_kwargs
         from conformance.models.data import build_model
 
