@@ -79,8 +79,10 @@ def test_the_rng_probe_and_stream_start():
 @pytest.mark.slow
 def test_the_fixture_checks_a_users_model_from_their_own_test(pytester, monkeypatch):
     import os
+    from pathlib import Path
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), os.environ.get("PYTHONPATH", "")]))
+    repo = Path(__file__).resolve().parents[2]  # the user's module lives under this repo's tests/
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(repo), os.environ.get("PYTHONPATH", "")]))
     pytester.makepyfile(test_mine=f'''
         from {MOD} import build, batch, loss
 
