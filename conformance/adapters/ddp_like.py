@@ -132,10 +132,10 @@ class DDPLikeAdapter:
         if (
             scenario.options.comm_hook == "bf16"
             and scenario.device == "cpu"
-            and self._comm_hooks is torch_comm_hooks
+            and _same_definition(self._comm_hooks, torch_comm_hooks)
         ):
             return "torch's bf16_compress_hook needs CUDA 11+ and NCCL 2.10+ (it refuses gloo on CPU)"
-        if scenario.options.reduce_dtype and scenario.device == "cpu" and self.cls is _torch_ddp_class():
+        if scenario.options.reduce_dtype and scenario.device == "cpu" and _same_definition(self.cls, _torch_ddp_class()):
             # torch/nn/parallel/distributed.py: _MixedPrecision's reduce records CUDA events (forward
             # raises "cpu backend doesn't support events" on CPU/gloo)
             return "torch DDP's mixed_precision reduce_dtype records CUDA events (CPU/gloo raises)"
@@ -242,6 +242,13 @@ def constructor_problem(cls: type) -> str | None:
     except TypeError as exc:
         return f"{cls.__name__}{sig} cannot be called like torch DDP, cls(module, process_group=..., find_unused_parameters=...): {exc}"
     return None
+
+
+def _same_definition(a, b) -> bool:
+    """The same function or class by where it is defined, not by identity: a test that re-imports
+    a module (or patches torch's DDP name) makes new objects of the same definition."""
+    return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == \
+        (getattr(b, "__module__", None), getattr(b, "__qualname__", None))
 
 
 def _torch_ddp_class() -> type:
