@@ -25,47 +25,16 @@ import torch.distributed as dist
 from torch import nn
 
 from conformance.adapters.ddp_like import DDPLikeAdapter
-from conformance.mutants.firing import Fires
+from conformance.mutants.independent.ddp import (  # the same plumbing as the independent DDP zoo
+    Engine,
+    MutantReducer,
+)
 from conformance.mutants.registry import Registry
-from refimpl.ddp import DistributedDataParallel
 from refimpl.ddp import comm_hooks as hooks
 from refimpl.ddp.reducer import Reducer, ReducerState
 
 MUTANTS = Registry("ix-ddp")
 FP16 = torch.float16
-
-
-class Engine(Fires, DistributedDataParallel):
-    """refimpl's DDP plus a fired count; `_reducer_class` swaps the reducer's class after build."""
-
-    _reducer_class: type | None = None
-
-    def __init__(self, module, *args, **kwargs):
-        self.__dict__["mutation_fired"] = 0  # before nn.Module's __init__: a plain attribute
-        super().__init__(module, *args, **kwargs)
-
-    def _build_reducer(self) -> Reducer:
-        reducer = super()._build_reducer()
-        if self._reducer_class is not None:
-            reducer.__class__ = self._reducer_class  # same state, one method changed
-            reducer.engine = weakref.ref(self)
-            reducer.adopted()
-        return reducer
-
-    def backward_stats(self) -> dict:
-        return {**self.get_backward_stats().as_dict(), "mutation_fired": self.mutation_fired}
-
-
-class MutantReducer(Reducer):
-    engine = None
-
-    def adopted(self) -> None:
-        """Called once the reducer has become this class."""
-
-    def _fired(self, n: int | bool = 1) -> None:
-        engine = self.engine() if self.engine is not None else None
-        if engine is not None:
-            engine._fired(n)
 
 
 class Correct(DDPLikeAdapter):
@@ -120,15 +89,12 @@ def _group(state):
 
 
 class _HookEngine(Engine):
-    """Replaces refimpl's fp16 hook by `self._hook16(state, bucket)` when the user registers it."""
+    """Replaces refimpl's fp16 hook by the subclass's `_hook16(state, bucket)` when the user registers it."""
 
     def register_comm_hook(self, state, hook) -> None:
         if hook is hooks.fp16_compress_hook:
             hook = self._hook16
         super().register_comm_hook(state, hook)
-
-    def _hook16(self, state, bucket):
-        raise NotImplementedError
 
 
 # -- value regimes ------------------------------------------------------------------------------------
