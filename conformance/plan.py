@@ -12,6 +12,8 @@ expected to fail for the same reasons, whichever door a user came through:
 4. expectations: entries of the skips files skip, entries of the xfails files (the user's and
    each built-in adapter's `conformance/adapters/xfails/<name>.txt`) mark expected failures.
    An entry is a case id (`adapter|scenario`) or a pytest node id ending in `[adapter|scenario]`;
+   a `*` in its scenario part matches any run of characters (`torch-ddp|ddp/pairs/*static-on*accum-*`:
+   a generated row's id says its values, so one entry names a pair wherever the array puts it);
    it matches its scenario on every device unless it ends in one (`…/cuda`), and on CUDA an
    ends-world failure is skipped ([Note: expectations on every device] in expectations.py).
    Entries that match no planned case although they could have are reported (stale lists).
@@ -22,6 +24,7 @@ Nothing here starts a process or imports an implementation beyond loading its ad
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from conformance import catalogue
@@ -162,7 +165,15 @@ def _matches(entry: str, case: Case, name: str = "") -> bool:
     elif device != case.scenario.device:
         return False
     case_base = split_device(case.scenario.id)[0] if case.scenario.device != "cpu" else case.scenario.id
-    return base == case_base and adapter in {case.adapter_spec, name}
+    return _id_matches(base, case_base) and adapter in {case.adapter_spec, name}
+
+
+def _id_matches(entry_id: str, scenario_id: str) -> bool:
+    """An entry's scenario id against a scenario's: equal, or, where the entry has a `*`, matched
+    with `*` standing for any run of characters (and nothing else special: ids hold `[`, `+`, `.`)."""
+    if "*" not in entry_id:
+        return entry_id == scenario_id
+    return re.fullmatch(".*".join(map(re.escape, entry_id.split("*"))), scenario_id) is not None
 
 
 def _named_by_keyword(entry: str, selection: Selection, adapters: dict) -> bool:
@@ -213,11 +224,15 @@ def _could_run_here(entry: str, selection: Selection, adapters: dict | None = No
     scenario_id, device = split_device(case.split(CASE_SEPARATOR, 1)[-1])
     if device is not None and device != selection.device:
         return False  # an entry for another device
-    scenario = next((s for s in catalogue.all_scenarios() if s.id == scenario_id), None)
-    if scenario is None:
+    named = [s for s in catalogue.all_scenarios() if _id_matches(scenario_id, s.id)]
+    if not named:
         return True  # names no scenario at all: a stale entry
+    return any(_selected(s, selection) for s in named)
+
+
+def _selected(scenario, selection: Selection) -> bool:
     if selection.ids:
-        return scenario_id in selection.ids
+        return scenario.id in selection.ids
     if selection.areas and scenario.area not in selection.areas:
         return False
     return selection.profile in scenario.profiles and (not selection.world_sizes or scenario.world_size in selection.world_sizes)

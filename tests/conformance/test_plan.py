@@ -50,6 +50,25 @@ def test_builtin_and_user_lists(tmp_path):
     assert plan.unmatched == ["xfails.txt: xfail entry 'torch-ddp|ddp/does-not-exist' matches no collected case"]
 
 
+def test_a_star_in_an_entry_names_every_generated_row_holding_the_pair(tmp_path):
+    """Generated rows' ids say their values, and an array regenerates with other rows: an entry
+    for a pair (`*static-on*accum-*`) names it wherever the array puts it; other characters of an
+    id (`+`, `.`, `[`) are literal, and a pattern that names nothing is stale."""
+    from conformance import catalogue
+
+    pairs = [s.id for s in catalogue.select(profile="standard") if s.id.startswith("ddp/pairs/")]
+    wanted = {i for i in pairs if "static-on" in i and "+accum-" in i}
+    assert wanted and len(wanted) < len(pairs)
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("refimpl-ddp|ddp/pairs/*static-on*accum-*  # the pair\n"
+                      "refimpl-ddp|ddp/pairs/mlp+w2*  # '+' is literal: names nothing\n")
+    plan = make_plan(Selection(adapters=("refimpl-ddp",), profile="standard", areas=("ddp",),
+                               xfail_files=(str(xfails),), builtin_xfails=False))
+    marked = {c.scenario.id for c in plan.cases if c.xfail == "the pair"}
+    assert marked == wanted
+    assert plan.unmatched == ["xfails.txt: xfail entry 'refimpl-ddp|ddp/pairs/mlp+w2*' matches no collected case"]
+
+
 def test_entries_for_cases_outside_the_selection_are_not_stale():
     plan = make_plan(Selection(adapters=("torch-ddp",), ids=(PLAIN,)))
     assert plan.unmatched == []  # the built-in list names cases of every profile
