@@ -96,7 +96,7 @@ class Tolerance:
     # A bound on the whole tensor instead of element-wise (lossy communication, e.g. PowerSGD):
     # ||actual - expected|| <= norm_rtol * ||expected|| + atol * sqrt(numel).
     norm_rtol: float | None = None
-    rule: str = "bitwise"  # with exact=True: "bitwise" | "summation-order" | "derived-bound"
+    rule: str = "bitwise"  # with exact=True: "bitwise" | "summation-order" | "derived-bound" | "accumulated-envelope"
     sum_dtype: str | None = None  # derived-bound: the dtype the sum is rounded in (None: the tensor's)
     roundings: int = 0  # derived-bound: declared casts per term before the sum
     divide: tuple[str, ...] = ("pre",)
@@ -117,6 +117,8 @@ class Tolerance:
             text = f"band rtol={self.rtol:g} atol={self.atol:g} (no bound derived)"
         elif kind == "summation-order":
             text = "bitwise to a summation order"
+        elif kind == "accumulated-envelope":
+            text = "accumulated envelope |x-s*| <= |a-s*| + w (conformance.oracle.trajectory)"
         elif kind == "derived-bound":
             casts = f", {self.roundings} cast(s) per term" if self.roundings else ""
             text = f"derived bound |ŝ-s| <= γ_m·Σ|x_i|, γ_m = m·u/(1-m·u), u of {self.sum_dtype or 'the dtype'}{casts}"

@@ -18,6 +18,7 @@ from conformance.judge.compare import (
     placements_matched,
 )
 from conformance.judge.failure import RanksRaised, first_line
+from conformance.oracle import trajectory
 from conformance.oracle.baseline import Baseline
 from conformance.oracle.envelope import Envelope, rule_of
 from conformance.semantics import TORCH_DDP, Buffers, Semantics
@@ -26,6 +27,9 @@ from conformance.spec import Expect, Scenario, Tolerance
 # Re-anchored, the expected parameters after a step are the same optimizer's on the engine's own
 # (already judged) gradients and parameters: the same elementwise kernels, so bitwise.
 EXACT_AFTER_STEP = Tolerance(True, reason="re-anchored: the same optimizer on the engine's own judged gradients")
+# The straight-through check at 3+ ranks ([Note: the accumulated envelope] in conformance.oracle.trajectory).
+ACCUMULATED = Tolerance(True, rule=trajectory.RULE, reason="straight through: every earlier step's verified order "
+                        "choices carried through the reference step, plus this step's envelope")
 
 _BUFFER_RULES = {
     Buffers.BEFORE_FORWARD: "rank 0's buffers are broadcast before each forward",
@@ -96,7 +100,7 @@ def check_records(
     details = {"oracle": _oracle_summary(baseline, tol, anchored) | _placement_matched(tol, placements)}
     if anchored:
         details["oracle"]["straight_through"] = _judge_straight_through(
-            scenario, adapter, straight_through, records, errors, repro, fail, tol, semantics)
+            scenario, adapter, straight_through, records, errors, repro, fail, tol, semantics, baseline)
     return _judge_errors(scenario, adapter, errors, repro, count, details, judged)
 
 
@@ -120,12 +124,17 @@ def _judge_construction(scenario: Scenario, baseline: Baseline, records: dict[in
 
 
 def _judge_straight_through(scenario, adapter, straight_through, records, errors, repro, fail, tol,
-                            semantics) -> str:
-    """2b. The straight-through oracle: the second check (rounding compounds there; its own band).
-    Returns what the report says of it; raises beyond its band."""
+                            semantics, anchored: Baseline) -> str:
+    """2b. The straight-through oracle: the second check (rounding compounds there). Judged by the
+    accumulated envelope where the re-anchored oracle replayed every step per summation order
+    (`conformance.oracle.trajectory`), else by the rule's straight-through band. Returns what the
+    report says of it; raises outside it."""
     band = tol.straight_through or (tol if tol.kind in ("band", "norm") else None)
     if band is None:
         return "implied: every step bitwise from the engine's own state"
+    envelope = trajectory.accumulated(anchored, straight_through) if band.kind == "band" and tol.exact else None
+    if envelope is not None:
+        straight_through, band = envelope, ACCUMULATED
     try:
         _judge_events(scenario, adapter, straight_through, records, errors, repro,
                       lambda *a: fail(*a[:4], band), band, band, band, semantics, across_ranks=False)

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from conformance.models.data import build_model, forward_loss, make_inputs, make_optimizer
-from conformance.oracle import baseline_features, baseline_mixed
+from conformance.oracle import baseline_features, baseline_mixed, trajectory
 from conformance.oracle.accumulation import (
     add_grad,
     reduce_scattered_per_micro_batch,
@@ -191,6 +191,10 @@ class _Replay:
         # After zero_grad(set_to_none=False) a gradient is a zero tensor, not None: carried into the
         # next step (an unused parameter then keeps zeros, as torch DDP leaves it unchanged).
         self.carried: dict[str, Tensor | None] = {n: None for n, _ in self.named}
+        # Re-anchored at 3+ ranks: each step also replayed per candidate order (conformance.oracle.trajectory).
+        replayable = self.rule.kind == "summation-order" and self.optimizer is not None and not (
+            self.master or self.scaler or self.comm)
+        self.baseline.reach = {} if anchor is not None and replayable else None
 
     def _state(self) -> dict[str, Tensor]:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
@@ -323,6 +327,10 @@ class _Replay:
         elif optimizer is not None:
             # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
             stepped = self.anchor.grads(step) if self.anchor is not None else None
+            if self.baseline.reach is not None and trajectory.replayable(avg):
+                self.baseline.reach[step] = trajectory.reach(optimizer, named, avg)
+            elif self.baseline.reach is not None:
+                self.baseline.reach = None  # not replayable per order: the band judges straight through
             for i, (name, p) in enumerate(named):
                 g = reference(avg[name]) if stepped is None else dense(stepped.get(name))
                 target = p if self.master is None else self.master[i]

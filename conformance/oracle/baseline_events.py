@@ -53,6 +53,10 @@ class Baseline:
     # (rank, step, micro, cause): the first forward whose recorded RNG state is not where the rank's
     # previous forward left the stream, in a model that draws random numbers (conformance.oracle.streams)
     rng_break: tuple[int, int, int, str] | None = None
+    # Re-anchored only: step -> {parameter: (the reference step R, the widest candidate step's distance
+    # from it)}, for the straight-through check's accumulated envelope (conformance.oracle.trajectory);
+    # None where a step cannot be replayed per candidate order.
+    reach: dict[int, dict] | None = None
 
     def init_for(self, rank: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         params = self.init_params_ranks[rank] if self.init_params_ranks else self.init_params

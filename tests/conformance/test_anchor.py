@@ -56,7 +56,7 @@ def test_a_correct_engine_passes_and_the_report_names_the_rule():
     oracle = checked.details["oracle"]
     assert oracle["kind"] == "summation-order" and oracle["steps"].startswith("re-anchored")
     assert oracle["envelopes"] > 0 and 0 < oracle["largest_bound_u"] < 8  # a few roundings of the shares
-    assert oracle["straight_through"].startswith("within band")
+    assert oracle["straight_through"].startswith("within accumulated envelope")  # conformance.oracle.trajectory
 
 
 def _shift_state(records, step, delta):
@@ -106,10 +106,12 @@ def test_one_ulp_in_one_gradient_at_the_last_step_is_caught_there():
 
 
 def test_the_straight_through_check_fails_only_beyond_its_band_and_says_so():
-    """The second check compares with the oracle trained from the seeds under the old band."""
+    """Where the re-anchored oracle could not replay a step per summation order (no `reach`), the
+    second check compares with the oracle trained from the seeds under the old band."""
     s = scenario(W3)
     records = _records(baseline.compute(s))
     anchored, straight = baseline.oracles(s, TORCH_DDP, records)
+    anchored.reach = None
     drifted = copy.deepcopy(straight)
     last = drifted.events[-1]
     band = s.tolerance.straight_through
