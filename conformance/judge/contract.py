@@ -8,7 +8,7 @@ wrong first step can be hidden (or amplified) by later ones. For every event we 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from conformance.judge.compare import (
     EXACT_ACROSS_RANKS,
@@ -99,8 +99,10 @@ def check_records(
                            semantics, across_ranks=True, placements=placements, judged=judged)
     details = {"oracle": _oracle_summary(baseline, tol, anchored) | _placement_matched(tol, placements)}
     if anchored:
-        details["oracle"]["straight_through"] = _judge_straight_through(
+        said = details["oracle"]["straight_through"] = _judge_straight_through(
             scenario, adapter, straight_through, records, errors, repro, fail, tol, semantics, baseline)
+        if said.startswith(f"within {ACCUMULATED.describe()}"):  # the rule the report names is the one applied
+            details["oracle"]["rule"] = replace(tol, straight_through=ACCUMULATED).describe()
     return _judge_errors(scenario, adapter, errors, repro, count, details, judged)
 
 
