@@ -327,7 +327,7 @@ class _Replay:
         elif optimizer is not None:
             # Re-anchored: the optimizer steps on the engine's own (judged) gradients.
             stepped = self.anchor.grads(step) if self.anchor is not None else None
-            if self.baseline.reach is not None and trajectory.replayable(avg):
+            if self.baseline.reach is not None and trajectory.replayable(avg, optimizer):
                 self.baseline.reach[step] = trajectory.reach(optimizer, named, avg)
             elif self.baseline.reach is not None:
                 self.baseline.reach = None  # not replayable per order: the band judges straight through

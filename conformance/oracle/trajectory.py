@@ -27,20 +27,21 @@ and for a value without a cross-rank sum (a no_sync gradient, a buffer) the widt
 for every correct engine by the triangle inequality, so it cannot fail one; it is not met by an
 arbitrary value: at the first step R_1 = θ*_1 and r_1 = g*_1, so a zero (or stale, or doubled)
 gradient must lie within one envelope width of the truth, and at any later step within the
-measured carry-over plus that width (tests/conformance/oracle/test_trajectory.py runs the
+measured carry-over plus that width (tests/conformance/test_trajectory.py runs the
 stale-gradient mutant on a multi-step 3-rank case). What it does not do is judge more than the
 chain of re-anchored steps does: at 3+ ranks a straight-through run is correct exactly when every
 step from the previous one's verified state is. The check says how far from the seeds' trajectory
 that chain led, and fails where it leaves the accumulated envelope.
 
 Where the reference step cannot be replayed per candidate (a declared loss scaler, fp32 master
-weights, simulated lossy communication, a derived bound instead of enumerated orders, the
-production-training features' own oracle) the straight-through check keeps its band.
+weights, simulated lossy communication, the production-training features' own oracle, an Adam
+step over a derived radius: see `replayable`) the straight-through check keeps its band.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 
 import torch
@@ -55,16 +56,39 @@ FORMULA = ("|x - s*| <= |a - s*| + w: s* the oracle trained from the seeds, a th
 SLACK = 2.0**-52
 
 
-def replayable(avg: dict) -> bool:
-    """Whether every reduced gradient is exact or an envelope of enumerated orders (no derived radius)."""
-    return all(not isinstance(v, Envelope) or (v.candidates is not None and v.radius is None) for v in avg.values())
+def replayable(avg: dict, optimizer) -> bool:
+    """Whether the step can be replayed for every accepted gradient: each reduced gradient is exact or an
+    envelope of enumerated orders, or (SGD only) a derived radius, whose two ends bound the step.
+
+    [Note: why the ends of a radius suffice for SGD] Per element SGD's step (momentum, weight decay,
+    Nesterov) is a chain of roundings of sums and products with fixed factors: monotone in g, so over an
+    interval of gradients the farthest steps are those of its ends. Adam's m/(sqrt(v)+eps) is not
+    monotone in g (its derivative changes sign with the moments), so an Adam step over a radius keeps
+    the band. Sums of more than four shares (3 ranks x 2 micro-batches reduced one by one) have a radius.
+    """
+    sgd = isinstance(optimizer, torch.optim.SGD)
+    return all(not isinstance(v, Envelope) or (v.radius is None and v.candidates is not None) or
+               (sgd and v.radius is not None and bool(torch.isfinite(v.radius).all())) for v in avg.values())
 
 
-def _candidate(value, j: int) -> Tensor | None:
-    if isinstance(value, Envelope):
-        c = value.candidates
-        return c[min(j, len(c) - 1)]
-    return value
+def _accepted(value) -> list[Tensor | None]:
+    """The gradients whose steps bound every accepted one: each candidate order, and a radius's two
+    ends rounded outwards to the gradient's dtype (a step there is at least as far; SGD is monotone)."""
+    if not isinstance(value, Envelope):
+        return [value]
+    out = list(value.candidates) if value.candidates is not None else []
+    if value.radius is not None:
+        dtype = value.reference.dtype
+        for sign, toward in ((-1, -math.inf), (1, math.inf)):
+            end = value.center + sign * value.radius
+            cast = end.to(dtype)
+            beyond = cast.double() * sign >= end * sign
+            out.append(torch.where(beyond, cast, torch.nextafter(cast, torch.full_like(cast, toward))))
+    return out
+
+
+def _candidate(accepted: list, j: int) -> Tensor | None:
+    return accepted[min(j, len(accepted) - 1)]
 
 
 def reach(optimizer, named: list, avg: dict) -> dict[str, tuple[Tensor, Tensor]]:
@@ -86,9 +110,10 @@ def reach(optimizer, named: list, avg: dict) -> dict[str, tuple[Tensor, Tensor]]
 
     ref = step_with([reference(avg[n]) for n, _ in named])
     width = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params]
-    count = max((len(v.candidates) for v in avg.values() if isinstance(v, Envelope)), default=0)
+    accepted = {n: _accepted(avg[n]) for n, _ in named}
+    count = max((len(a) for n, a in accepted.items() if isinstance(avg[n], Envelope)), default=0)
     for j in range(count):
-        stepped = step_with([_candidate(avg[n], j) for n, _ in named])
+        stepped = step_with([_candidate(accepted[n], j) for n, _ in named])
         width = [torch.maximum(w, (s.double() - r.double()).abs()) for w, s, r in zip(width, stepped, ref, strict=True)]
     with torch.no_grad():
         for p, s in zip(params, saved_params, strict=True):
@@ -100,10 +125,15 @@ def reach(optimizer, named: list, avg: dict) -> dict[str, tuple[Tensor, Tensor]]
 
 def _width(value) -> Tensor | None:
     """Per element, how far an accepted value may lie from the envelope's reference (0 for a tensor)."""
-    if isinstance(value, Envelope):
-        c = value.candidates.double()
-        return (c - value.reference.double()).abs().nan_to_num(0.0).max(0).values
-    return None
+    if not isinstance(value, Envelope):
+        return None
+    ref = value.reference.double()
+    widths = []
+    if value.candidates is not None:
+        widths.append((value.candidates.double() - ref).abs().nan_to_num(0.0).max(0).values)
+    if value.radius is not None:
+        widths.append((value.center - ref).abs() + value.radius)
+    return torch.stack(widths).max(0).values
 
 
 def _bound(anchored, straight, carried: tuple[Tensor, Tensor] | None = None):

@@ -14,8 +14,10 @@ from conformance.adapters.registry import ddp_class_spec
 from conformance.judge.compare import ConformanceError, compare_dicts
 from conformance.judge.contract import ACCUMULATED, check_records
 from conformance.oracle import baseline, trajectory
+from conformance.oracle.envelope import reduce
 from conformance.pipeline import Case
 from conformance.semantics import TORCH_DDP
+from conformance.spec import summation_order
 from tests.conformance.area_cases import scenario
 from tests.conformance.test_anchor import _records
 
@@ -42,6 +44,24 @@ def test_the_reach_replays_every_candidate_and_restores_the_optimizer():
     again = baseline.compute_anchored(s, TORCH_DDP, records)  # the real steps are unchanged by the replays
     assert all(torch.equal(a, b) for e, f in zip(anchored.events, again.events, strict=True)
                for a, b in zip(e.per_rank[0].values(), f.per_rank[0].values(), strict=True) if isinstance(a, torch.Tensor))
+
+
+def test_a_derived_radius_is_replayed_by_its_ends_for_sgd_only():
+    """Six shares (3 ranks x 2 micro-batches reduced one by one) have a radius, not enumerated orders:
+    SGD's step is monotone per element, so the radius's ends bound it; Adam's is not (the band judges)."""
+    torch.manual_seed(0)
+    env = reduce([torch.randn(5) for _ in range(6)], 3, summation_order("float32", 3))
+    assert env.radius is not None
+    p = torch.nn.Parameter(torch.zeros(5))
+    sgd = torch.optim.SGD([p], lr=0.5, momentum=0.5)
+    assert trajectory.replayable({"p": env}, sgd) and not trajectory.replayable({"p": env}, torch.optim.Adam([p]))
+    lo, hi = trajectory._accepted(env)[-2:]
+    assert (lo.double() <= env.center - env.radius).all() and (hi.double() >= env.center + env.radius).all()
+    ((ref, width),) = trajectory.reach(sgd, [("p", p)], {"p": env}).values()
+    assert torch.equal(p.detach(), torch.zeros(5)) and not sgd.state  # the replays leave no trace
+    g = env.reference.double()
+    assert torch.equal(ref, -0.5 * env.reference)  # the first momentum step is -lr * g, exactly
+    assert (width >= 0.5 * torch.maximum(hi.double() - g, g - lo.double())).all()
 
 
 def test_a_zero_gradient_is_outside_the_accumulated_envelope():
