@@ -14,7 +14,7 @@ from torch import nn
 
 from conformance.mutants.independent import interactions_ddp as zoo
 from conformance.spec import WrapOptions
-from tests.conformance.independent_results import same
+from tests.conformance.independent_results import assert_fires_and_differs, run_probes
 from tests.refimpl._refimpl_world import run_world
 
 pytestmark = pytest.mark.slow
@@ -152,11 +152,7 @@ PROBES = {
 
 
 def _rank_main(rank, world_size):
-    """Every probe on the correct engine; each mutant on its own probe."""
-    out = {"correct": {name: probe(zoo.correct(), rank) for name, probe in PROBES.items()}}
-    for name, probe in PROBES.items():
-        out[name] = probe(zoo.MUTANTS[name](), rank)
-    return out
+    return run_probes(PROBES, lambda name: zoo.correct(), zoo.MUTANTS, rank)
 
 
 @pytest.fixture(scope="module")
@@ -195,9 +191,4 @@ def test_correct_by_hand(world):
 
 @pytest.mark.parametrize("name", sorted(PROBES))
 def test_mutant_fires_and_differs(world, name):
-    assert sum(world[r][name]["fired"] for r in range(W)) > 0, f"{name} did not fire"
-    mine = {k: v for k, v in world[0][name].items() if k != "fired"}
-    theirs = {k: v for k, v in world[0]["correct"][name].items() if k != "fired"}
-    other = {k: v for k, v in world[1][name].items() if k != "fired"}
-    right = {k: v for k, v in world[1]["correct"][name].items() if k != "fired"}
-    assert not (same(mine, theirs) and same(other, right)), f"{name}: the same values as the correct engine"
+    assert_fires_and_differs(world, name)

@@ -15,7 +15,7 @@ from torch import nn
 
 from conformance.mutants.independent import interactions_sharded as zoo
 from conformance.spec import WrapOptions
-from tests.conformance.independent_results import same
+from tests.conformance.independent_results import assert_fires_and_differs, run_probes
 from tests.refimpl._refimpl_world import run_world
 
 pytestmark = pytest.mark.slow
@@ -89,10 +89,7 @@ def _correct_for(name):
 
 
 def _rank_main(rank, world_size):
-    out = {"correct": {name: probe(_correct_for(name), rank) for name, probe in PROBES.items()}}
-    for name, probe in PROBES.items():
-        out[name] = probe(zoo.MUTANTS[name](), rank)
-    return out
+    return run_probes(PROBES, _correct_for, zoo.MUTANTS, rank)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +125,4 @@ def test_correct_by_hand(world):
 
 @pytest.mark.parametrize("name", sorted(PROBES))
 def test_mutant_fires_and_differs(world, name):
-    assert sum(world[r][name]["fired"] for r in range(W)) > 0, f"{name} did not fire"
-    strip = [({k: v for k, v in world[r][name].items() if k != "fired"},
-              {k: v for k, v in world[r]["correct"][name].items() if k != "fired"}) for r in range(W)]
-    assert not all(same(mine, right) for mine, right in strip), f"{name}: the same values as the correct engine"
+    assert_fires_and_differs(world, name)

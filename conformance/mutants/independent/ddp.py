@@ -84,12 +84,12 @@ class Correct(DDPLikeAdapter):
             return {"allreduce": comm_hooks.allreduce_hook, "fp16": comm_hooks.fp16_compress_hook,
                     "bf16": comm_hooks.bf16_compress_hook}
 
-        super().__init__(f"indep-ddp-{self.name_suffix}", self.engine_class, version=refimpl.__version__,
+        super().__init__(f"{self.name_prefix}-{self.name_suffix}", self.engine_class, version=refimpl.__version__,
                          comm_hooks=hooks)
         self.deterministic = True  # as refimpl-ddp: same inputs, same collectives in the same order
         # no declared semantics: refimpl divides each share before the sum, as torch DDP does
 
-    name_suffix = "correct"
+    name_prefix, name_suffix = "indep-ddp", "correct"  # the adapter's name: indep-ddp-<mutant>
 
 
 def mutant(name: str, clause: str, dimension: str, bug: str, **kw):

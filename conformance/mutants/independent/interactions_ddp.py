@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conformance.adapters.ddp_like import DDPLikeAdapter
+from conformance.mutants.independent import ddp as independent_ddp
 from conformance.mutants.independent.ddp import (  # the same plumbing as the independent DDP zoo
     Engine,
     MutantReducer,
@@ -37,24 +37,12 @@ MUTANTS = Registry("ix-ddp")
 FP16 = torch.float16
 
 
-class Correct(DDPLikeAdapter):
-    """`refimpl-ddp` around `engine_class`: the control these mutants are judged against."""
+class Correct(independent_ddp.Correct):
+    """`refimpl-ddp` around `engine_class`: the control these mutants are judged against (the
+    independent DDP zoo's control, named for this zoo)."""
 
-    engine_class = Engine
-    name_suffix = "correct"
-    bug, clause, may_abort, pair = "", "", False, ""
-
-    def __init__(self):
-        import refimpl
-
-        def comm_hooks():
-            return {"allreduce": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
-                    "bf16": hooks.bf16_compress_hook}
-
-        super().__init__(f"ix-ddp-{self.name_suffix}", self.engine_class, version=refimpl.__version__,
-                         comm_hooks=comm_hooks)
-        self.deterministic = True  # as refimpl-ddp
-        # no declared semantics: refimpl divides each share before the sum, as torch DDP does
+    name_prefix = "ix-ddp"
+    pair = ""
 
 
 def mutant(name: str, clause: str, pair: str, bug: str, **kw):
@@ -86,6 +74,13 @@ def _compressed(buffer: torch.Tensor, dtype, group) -> torch.Tensor:
 
 def _group(state):
     return state if state is not None else dist.group.WORLD
+
+
+def _send_wrong(engine, buf: torch.Tensor, right: torch.Tensor, wrong: torch.Tensor) -> torch.futures.Future:
+    """The bucket takes the mutant's `wrong` sum; fired once per element whose bits differ from `right`."""
+    engine._fired(int((_bits(right) != _bits(wrong)).sum()))
+    buf.copy_(wrong)
+    return _done(buf)
 
 
 class _HookEngine(Engine):
@@ -140,9 +135,7 @@ class HalfParamsSkipCompression(_HookEngine):
         right = _compressed(buf, FP16, group).to(buf.dtype)
         wrong = buf.clone().div_(group.size())
         dist.all_reduce(wrong, group=group)
-        self._fired(int((_bits(right) != _bits(wrong)).sum()))
-        buf.copy_(wrong)
-        return _done(buf)
+        return _send_wrong(self, buf, right, wrong)
 
 
 class _SumFirstEngine(Engine):
@@ -158,10 +151,7 @@ class _SumFirstEngine(Engine):
         right = _compressed(buf, dtype, group)
         wrong = buf.to(dtype)
         dist.all_reduce(wrong, group=group)
-        wrong.div_(group.size())
-        self._fired(int((_bits(right) != _bits(wrong)).sum()))
-        buf.copy_(wrong)
-        return _done(buf)
+        return _send_wrong(self, buf, right, wrong.div_(group.size()))
 
 
 @mutant("reduce-dtype-sums-before-divide", "D2", "mixed_precision reduce_dtype=fp16 x large magnitudes",

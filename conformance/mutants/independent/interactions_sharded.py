@@ -117,48 +117,55 @@ def _coef(total: torch.Tensor, max_norm: float) -> torch.Tensor:
     return (max_norm / (total + 1e-6)).clamp(max=1.0)
 
 
+class _ClipsWrong(Zero3):
+    """A clipping mutant: computes the right and the wrong total norm, clips by the wrong one."""
+
+    def _shard_grads(self) -> list[torch.Tensor]:
+        return [q.shard.grad for q in self._params if q.shard is not None and q.shard.grad is not None]
+
+    def _clip_by(self, grads, right: torch.Tensor, wrong: torch.Tensor, max_norm: float) -> torch.Tensor:
+        """Scale `grads` by `wrong`'s coefficient; fired where it differs from `right`'s."""
+        coef = _coef(wrong, max_norm)
+        self._fired(not torch.equal(coef, _coef(right, max_norm)))
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return wrong
+
+
 # -- clipping -------------------------------------------------------------------------------------
 @mutant("hsdp-clip-counts-replicas", "S22", "clip_grad_norm_ x HSDP mesh",
         "the squared norm is summed over the shard group and again over the replicas, which hold the "
         "same chunks: the norm is sqrt(R) too large and the gradients are clipped too hard")
-class HsdpClipCountsReplicas(Zero3):
+class HsdpClipCountsReplicas(_ClipsWrong):
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         if self._replicas.group is None or norm_type != 2.0:
             return super().clip_grad_norm_(max_norm, norm_type)
-        grads = [q.shard.grad for q in self._params if q.shard is not None and q.shard.grad is not None]
+        grads = self._shard_grads()
         sq = sum((g.float().abs().pow(2.0).sum() for g in grads), torch.zeros(()))
         dist.all_reduce(sq, group=self.process_group)
         right = sq.pow(0.5)  # refimpl.sharded.clip's arithmetic, so the two agree but for the bug
         dist.all_reduce(sq, group=self._replicas.group)  # the bug: replicas counted as more data
         wrong = sq.pow(0.5)
-        coef = _coef(wrong, max_norm)
-        self._fired(not torch.equal(coef, _coef(right, max_norm)))
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
-        return wrong
+        return self._clip_by(grads, right, wrong, max_norm)
 
 
 @mutant("clip-norm-in-param-dtype", "S22", "clip_grad_norm_ x mixed-precision policy",
         "with param_dtype=bf16 the norm's squares are summed in bf16 (the compute dtype), not in fp32: "
         "the clip coefficient is off by up to 2**-8 relative whenever clipping is active")
-class ClipNormInParamDtype(Zero3):
+class ClipNormInParamDtype(_ClipsWrong):
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         low = self.mp.param_dtype
         if low is None or norm_type != 2.0:
             return super().clip_grad_norm_(max_norm, norm_type)
-        grads = [q.shard.grad for q in self._params if q.shard is not None and q.shard.grad is not None]
+        grads = self._shard_grads()
         right_sq = sum((g.float().abs().pow(2.0).sum() for g in grads), torch.zeros(()))
         wrong_sq = sum((g.to(low).abs().pow(2.0).sum() for g in grads), torch.zeros((), dtype=low)).float()
         both = torch.stack([right_sq, wrong_sq])
         dist.all_reduce(both, group=self.process_group)
         right, wrong = both.pow(0.5)
-        coef = _coef(wrong, max_norm)
-        self._fired(not torch.equal(coef, _coef(right, max_norm)))
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
-        return wrong
+        return self._clip_by(grads, right, wrong, max_norm)
 
 
 # -- mixed precision meets a mesh or a placement ----------------------------------------------------

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+# a backward that raises (torch's own test's error), shared with the suite's compositions
+from conformance.models.dist_autograd import fail_in_backward
+
 
 def call_for(mode: str):
     if mode == "local":
@@ -128,20 +131,6 @@ def multi_roots(mode, x, w):
     r3 = call("worker1", torch.cos, (x,)).sum()
     r4 = (x * w).sum()
     return [r1, r2, r3, r4]
-
-
-class SimulateBackwardError(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("Simulate error on backward pass")
-
-
-def fail_in_backward(x):
-    return SimulateBackwardError.apply(x * 2)
 
 
 def fail_deeper(x):
