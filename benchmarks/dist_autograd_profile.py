@@ -70,21 +70,36 @@ def _wrap(module, name: str, stage: str) -> None:
     setattr(module, name, timed)
 
 
+def _engine_part(new: str, old: str):
+    """(module, name) of an engine function: its module since the engine's split, or engine.py's
+    private name in an older refimpl on PYTHONPATH (before/after tables)."""
+    import importlib
+
+    module, _, name = new.partition(":")
+    try:
+        found = importlib.import_module(f"refimpl.distributed_autograd.{module}")
+    except ImportError:
+        found = None
+    if found is not None and hasattr(found, name):
+        return found, name
+    return importlib.import_module("refimpl.distributed_autograd.engine"), old
+
+
 def instrument() -> None:
     from refimpl.distributed_autograd import engine, lifetime
     from refimpl.distributed_autograd.context import DistAutogradContext
 
-    _wrap(engine, "_collect_leaves", "walk")
-    _wrap(engine, "_autograd_run", "autograd")
+    _wrap(*_engine_part("local_run:collect_leaves", "_collect_leaves"), "walk")
+    _wrap(*_engine_part("local_run:_autograd_run", "_autograd_run"), "autograd")
     if hasattr(engine, "_autograd_grad"):  # refimpl before the two runs were one function
         _wrap(engine, "_autograd_grad", "autograd")
-    _wrap(engine, "_own_buffers", "accumulate")
+    _wrap(*_engine_part("local_run:own_buffers", "_own_buffers"), "accumulate")
     if hasattr(DistAutogradContext, "accumulate_all"):
         _wrap(DistAutogradContext, "accumulate_all", "accumulate")
     else:  # an older refimpl on PYTHONPATH (before/after tables)
         _wrap(DistAutogradContext, "accumulate", "accumulate")
-    _wrap(engine, "_run_local", "local run (all above + hooks)")
-    _wrap(engine, "_send_on", "send on")
+    _wrap(*_engine_part("local_run:run_local", "_run_local"), "local run (all above + hooks)")
+    _wrap(*_engine_part("gradient_messages:send_on", "_send_on"), "send on")
     _wrap(lifetime, "end_pass_on", "end-pass")
 
 

@@ -227,8 +227,9 @@ class ForgetsTensorFreeWorkers(RefimplDistAutograd):
 
 
 class _EnginePatch:
-    """Swap one attribute of refimpl's engine module while a backward runs (the local runs of
-    this worker happen inside the call, on this thread or RPC threads of this process)."""
+    """Swap one function of refimpl's local run (`refimpl.distributed_autograd.local_run`) while a
+    backward runs (the local runs of this worker happen inside the call, on this thread or RPC
+    threads of this process)."""
 
     _lock = threading.Lock()
 
@@ -236,16 +237,16 @@ class _EnginePatch:
         self.name, self.value = name, value
 
     def __enter__(self):
-        from refimpl.distributed_autograd import engine
+        from refimpl.distributed_autograd import local_run
 
         self._lock.acquire()
-        self.saved = getattr(engine, self.name)
-        setattr(engine, self.name, self.value)
+        self.saved = getattr(local_run, self.name)
+        setattr(local_run, self.name, self.value)
 
     def __exit__(self, *exc):
-        from refimpl.distributed_autograd import engine
+        from refimpl.distributed_autograd import local_run
 
-        setattr(engine, self.name, self.saved)
+        setattr(local_run, self.name, self.saved)
         self._lock.release()
 
 
@@ -256,7 +257,7 @@ class SharesGradBuffers(RefimplDistAutograd):
     name = "mutant-dist-autograd-shares-buffers"
 
     def backward(self, context_id, roots, retain_graph=False):
-        with _EnginePatch("_own_buffers", lambda grads: {t: g.detach() for t, g in grads.items()}):
+        with _EnginePatch("own_buffers", lambda grads: {t: g.detach() for t, g in grads.items()}):
             super().backward(context_id, roots, retain_graph)
 
 
@@ -268,12 +269,12 @@ def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph, later=None):
 
     from torch.autograd.graph import GradientEdge
 
-    from refimpl.distributed_autograd import engine
+    from refimpl.distributed_autograd import local_run
     from refimpl.distributed_autograd.functions import RecvBackward
 
     with ctx.run_lock:
-        starts = [engine._start_node(o) for o in outputs]  # root tensors or send edges
-        leaves, _, _ = engine._collect_leaves(starts)
+        starts = [local_run.start_node(o) for o in outputs]  # root tensors or send edges
+        leaves, _, _ = local_run.collect_leaves(starts)
         recvs, seen, stack = [], set(), list(starts)
         while stack:
             node = stack.pop()
@@ -291,7 +292,7 @@ def _run_local_grad_only(ctx, outputs, grad_outputs, retain_graph, later=None):
             return {}
         grads = torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True)
         with ctx.lock:
-            owned = engine._own_buffers({t: g for t, g in zip(leaves, grads, strict=False) if g is not None})
+            owned = local_run.own_buffers({t: g for t, g in zip(leaves, grads, strict=False) if g is not None})
             for leaf, grad in owned.items():
                 ctx.accumulate(leaf, grad)
     outbound = defaultdict(list)
@@ -308,7 +309,7 @@ class SkipsAccumulateHooks(RefimplDistAutograd):
     name = "mutant-dist-autograd-skips-accumulate-hooks"
 
     def backward(self, context_id, roots, retain_graph=False):
-        with _EnginePatch("_run_local", _run_local_grad_only):
+        with _EnginePatch("run_local", _run_local_grad_only):
             super().backward(context_id, roots, retain_graph)
 
 

@@ -6,7 +6,7 @@ letting the node write ``.grad``. torch's engine does it in C++, and runs the no
 itself: its tensor hooks, then its Python pre-hooks, then its post hooks with the gradient.
 refimpl has two ways:
 
-- **in C++** (engine.py ``_capture_edges``): the run asks autograd for the gradients of the
+- **in C++** (local_run.py ``_capture_edges``): the run asks autograd for the gradients of the
   leaves' nodes, as ``torch.autograd.grad`` does. The nodes do not run; the leaves' tensor hooks
   (``leaf.register_hook``) do. Nothing per leaf happens in Python. Used while no Python hook
   has been put on any autograd node in the process (``_torch_compat.node_hooks_seen``), when

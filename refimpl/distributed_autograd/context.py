@@ -45,11 +45,11 @@ class DistAutogradContext:
 
     context_id: int
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Serializes local graph runs of this context on this worker (see engine.py).
+    # Serializes local graph runs of this context on this worker (see local_run.py).
     run_lock: threading.Lock = field(default_factory=threading.Lock)
     # Serializes the handling of received gradient messages; while one is run, later ones of
     # the same pass wait in ``inbox`` ((root, pass id) -> messages) and are run together
-    # (engine.py [Note: merged messages]).
+    # (gradient_messages.py [Note: merged messages]).
     receive_lock: threading.Lock = field(default_factory=threading.Lock)
     inbox: dict = field(default_factory=dict)
     # send id -> (send edge: a torch.autograd.graph.GradientEdge, destination worker id)
@@ -152,7 +152,7 @@ class DistAutogradContext:
     def accumulate(self, tensor: torch.Tensor, grad: torch.Tensor) -> None:
         """Add ``grad`` into this context's gradient for ``tensor`` (caller holds ``lock``).
 
-        ``grad`` must be a buffer of its own (engine._own_buffers): the first one is kept as is.
+        ``grad`` must be a buffer of its own (local_run.own_buffers): the first one is kept as is.
         """
         previous = self.grads.get(tensor)
         self.grads[tensor] = grad if previous is None else previous + grad

@@ -39,8 +39,8 @@ def handler(fn: Callable) -> Callable:
 def defers_empty_answer(fn: Callable) -> Callable:
     """Declare that ``fn``'s empty answer may wait, and that ``fn`` answers empty whenever it
     has sent its caller a message, which it does only as its last act that can fail or send
-    (the engine's gradient handler then only adds gradients in: engine.py [Note: send
-    first]); returns ``fn`` (a decorator)."""
+    (the engine's gradient handler, in gradient_messages.py, then only adds gradients in:
+    engine.py [Note: send first]); returns ``fn`` (a decorator)."""
     DEFERRING.add(fn)
     return fn
 

@@ -100,7 +100,7 @@ class RetainReleasesRemoteGraph(Correct):
         ".grad into the context: .grad is written (and keeps what was in it before)")
 class LocalContextWritesGrad(Correct):
     def backward(self, context_id, roots, retain_graph=False):
-        from refimpl.distributed_autograd.engine import _collect_leaves
+        from refimpl.distributed_autograd.local_run import collect_leaves
 
         ctx = _da()._retrieve_context(context_id)
         with ctx.lock:
@@ -108,7 +108,7 @@ class LocalContextWritesGrad(Correct):
         if not quiet:
             return super().backward(context_id, roots, retain_graph)
         self._fired()
-        leaves, _, _ = _collect_leaves([r.grad_fn for r in roots])
+        leaves, _, _ = collect_leaves([r.grad_fn for r in roots])
         torch.autograd.backward(list(roots), retain_graph=retain_graph)
         with ctx.lock:
             for leaf in leaves:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from refimpl.distributed_autograd import capture
-from refimpl.distributed_autograd.engine import _own_buffers
+from refimpl.distributed_autograd.local_run import own_buffers
 
 
 def test_leaf_hook_takes_the_gradient_and_runs_post_hooks_without_writing_grad():
@@ -35,7 +35,7 @@ def test_own_buffers_copies_shared_keeps_unshared():
     g = torch.rand(2, 3)
     alone = torch.rand(2, 3)
     a, b, c = (torch.rand(2, 3, requires_grad=True) for _ in range(3))
-    out = _own_buffers({a: g, b: g, c: alone})
+    out = own_buffers({a: g, b: g, c: alone})
     assert out[a].data_ptr() != out[b].data_ptr()
     assert out[a].data_ptr() != g.data_ptr() and out[b].data_ptr() != g.data_ptr()
     assert out[c].data_ptr() == alone.data_ptr(), "an unshared gradient is kept without a copy"
@@ -45,7 +45,7 @@ def test_own_buffers_copies_shared_keeps_unshared():
 def test_own_buffers_makes_dense_contiguous_and_keeps_sparse():
     a, s = torch.rand(2, 3, requires_grad=True), torch.rand(3, requires_grad=True)
     sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))
-    out = _own_buffers({a: torch.ones(3, 2).t(), s: sparse})
+    out = own_buffers({a: torch.ones(3, 2).t(), s: sparse})
     assert out[a].is_contiguous() and out[s].is_sparse
 
 
@@ -62,12 +62,12 @@ def test_a_users_pre_hook_on_the_leaf_node_runs_before_the_capture():
     an earlier run still sees the gradient, what it returns is what is captured, and the node
     carries one capture hook however many runs reached it."""
     from refimpl.distributed_autograd.context import DistAutogradContext
-    from refimpl.distributed_autograd.engine import _run_local
+    from refimpl.distributed_autograd.local_run import run_local
 
     ctx = DistAutogradContext(context_id=9)
     t = torch.rand(3, requires_grad=True)
     a = t * 2
-    _run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
+    run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
     seen = []
 
     def times_ten(grad_outputs):
@@ -75,11 +75,11 @@ def test_a_users_pre_hook_on_the_leaf_node_runs_before_the_capture():
         return (grad_outputs[0] * 10,)
 
     user = a.grad_fn.next_functions[0][0].register_prehook(times_ten)
-    _run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
+    run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
     assert seen[0] is not None
     assert torch.equal(ctx.grads[t], torch.full((3,), 2.0 + 20.0))
     assert t.grad is None
-    _run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
+    run_local(ctx, [a.sum()], [torch.ones(())], retain_graph=True)
     assert len(user.hooks_dict_ref()) == 2, "one capture hook and the user's"
 
 
@@ -87,8 +87,8 @@ def test_merge_items_sums_gradients_for_one_send_edge_and_names_missing_edges():
     import pytest
 
     from refimpl.distributed_autograd.context import DistAutogradContext
-    from refimpl.distributed_autograd.engine import _merge_items
     from refimpl.distributed_autograd.functions import send_edge
+    from refimpl.distributed_autograd.gradient_messages import _merge_items
 
     ctx = DistAutogradContext(context_id=5)
     x = torch.rand(2, requires_grad=True)

@@ -9,7 +9,6 @@ import torch
 from torch.autograd.graph import GradientEdge
 
 from refimpl.distributed_autograd.context import ContextContainer
-from refimpl.distributed_autograd.engine import _run_local
 from refimpl.distributed_autograd.functions import (
     RecvBackward,
     SendRpcBackward,
@@ -18,6 +17,7 @@ from refimpl.distributed_autograd.functions import (
     send_edge,
     unpack,
 )
+from refimpl.distributed_autograd.local_run import run_local
 
 Pair = namedtuple("Pair", "a b")
 
@@ -73,13 +73,13 @@ def test_one_recv_node_per_message_routes_each_gradient_to_its_send_id():
     (x0, x1), (y0, five) = out["x"], out["y"]
     assert x0.grad_fn is x1.grad_fn is y0.grad_fn and five == 5
     assert isinstance(x0.grad_fn, RecvBackward) and len(x0.grad_fn.send_ids) == 3
-    outbound = _run_local(receiver, [(x0 * 10 + y0 * 1000).sum()], [torch.ones(())], False)
+    outbound = run_local(receiver, [(x0 * 10 + y0 * 1000).sum()], [torch.ones(())], False)
     by_id = dict(outbound[0])
     assert len(by_id) == 2  # x1 unused: no gradient for its send id
     for sid, scale in zip(x0.grad_fn.send_ids[::2], (10.0, 1000.0), strict=True):
         torch.testing.assert_close(by_id[sid], torch.full((3,), scale))
         send_output, _ = sender.sends[sid]
-        assert _run_local(sender, [send_output], [by_id[sid]], retain_graph=True) == {}
+        assert run_local(sender, [send_output], [by_id[sid]], retain_graph=True) == {}
     torch.testing.assert_close(sender.grads[a], torch.full((3,), 10.0))
     torch.testing.assert_close(sender.grads[c], torch.full((3,), 3000.0))
     assert b not in sender.grads
@@ -138,11 +138,11 @@ def test_loopback_send_recv_routes_gradients():
     packed, _ = pack(sender, 1, (h,))
     (x,) = unpack(receiver, 0, packed)
     loss = (x * x).sum()
-    outbound = _run_local(receiver, [loss], [torch.ones(())], retain_graph=False)
+    outbound = run_local(receiver, [loss], [torch.ones(())], retain_graph=False)
     [(send_id, grad)] = outbound[0]
     torch.testing.assert_close(grad, 2 * h.detach())
     send_output, _ = sender.sends[send_id]
-    assert _run_local(sender, [send_output], [grad], retain_graph=True) == {}
+    assert run_local(sender, [send_output], [grad], retain_graph=True) == {}
     torch.testing.assert_close(sender.grads[w], 6 * h.detach())
     assert w.grad is None  # never written to .grad
 
@@ -154,7 +154,7 @@ def test_in_place_after_send_uses_the_graph_as_sent():
     pack(ctx, 1, (h,))
     h.mul_(5)  # later in-place change does not rewire the recorded send
     send_output, _ = ctx.sends[0]
-    _run_local(ctx, [send_output], [torch.ones(3)], retain_graph=True)
+    run_local(ctx, [send_output], [torch.ones(3)], retain_graph=True)
     torch.testing.assert_close(ctx.grads[w], torch.full((3,), 2.0))
 
 
@@ -171,7 +171,7 @@ def test_gradients_are_accumulated_per_leaf(dtype):
     ctx = ContextContainer(0).new_context()
     w = torch.ones(2, dtype=dtype, requires_grad=True)
     for _ in range(2):
-        _run_local(ctx, [(w * 3).sum()], [torch.ones((), dtype=dtype)], retain_graph=False)
+        run_local(ctx, [(w * 3).sum()], [torch.ones((), dtype=dtype)], retain_graph=False)
     assert torch.equal(ctx.grads[w], torch.full((2,), 6.0, dtype=dtype))
 
 
@@ -221,8 +221,8 @@ def test_a_recv_node_that_gets_no_gradient_is_not_checked_against_the_run():
     second = receiver.get_or_create(sender.new_context().context_id)
     w = torch.randn(2, requires_grad=True)
     loss = (_Scale.apply(x, None) * w).sum()
-    assert _run_local(second, [loss], [torch.ones(())], retain_graph=False) == {}
+    assert run_local(second, [loss], [torch.ones(())], retain_graph=False) == {}
     torch.testing.assert_close(second.grads[w], x.detach())
     # With a gradient, the same crossing is still refused.
     with pytest.raises(RuntimeError, match="received in autograd context"):
-        _run_local(second, [(x * w).sum()], [torch.ones(())], retain_graph=False)
+        run_local(second, [(x * w).sum()], [torch.ones(())], retain_graph=False)
