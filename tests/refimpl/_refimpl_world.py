@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conformance.harness.pool import Watchdog
+from conformance.harness.watchdog import Watchdog
 
 # The ranks' own collective/rendezvous timeout only bounds a rank stuck for good: hangs are
 # detected from outside by the pool's Watchdog (no CPU used), so a loaded machine that starves
@@ -61,7 +61,7 @@ def run_world(fn, world_size: int = 2, *args, timeout: float = 120.0) -> list:
 
     A rank that raises fails with its traceback, and one that exits without a result is a
     failure too. ``timeout`` is a budget, not a verdict (see [Note: timeouts under load] in
-    conformance/harness/pool.py): once spent, the world is declared hung only when no rank has
+    conformance/harness/watchdog.py): once spent, the world is declared hung only when no rank has
     used CPU for a while, or when it is still busy after many times the budget.
     """
     out_dir = tempfile.mkdtemp(prefix="refimpl-world-")

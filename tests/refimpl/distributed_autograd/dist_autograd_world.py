@@ -31,7 +31,7 @@ import tempfile
 import torch
 import torch.multiprocessing as mp
 
-from conformance.harness.pool import Watchdog
+from conformance.harness.watchdog import Watchdog
 
 # Bounds an RPC stuck for good; hangs are judged from outside by the Watchdog, so a loaded
 # machine that starves a worker for a while never turns into a failure.
