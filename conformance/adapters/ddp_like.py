@@ -252,15 +252,16 @@ def _same_definition(a, b) -> bool:
 
 
 def _torch_ddp_class() -> type:
-    from torch.nn.parallel import DistributedDataParallel
+    """torch's DDP from the module that defines it: a process that swaps another class in for
+    `torch.nn.parallel.DistributedDataParallel` (a drop-in swap, as refimpl's DDP allows; torch's
+    own DDP tests run on refimpl do so in their ranks) still gets torch's under `torch-ddp`."""
+    from torch.nn.parallel.distributed import DistributedDataParallel
 
     return DistributedDataParallel
 
 
 def torch_ddp() -> DDPLikeAdapter:
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DDPLikeAdapter("torch-ddp", DistributedDataParallel, version=torch.__version__)
+    return DDPLikeAdapter("torch-ddp", _torch_ddp_class(), version=torch.__version__)
 
 
 def refimpl_ddp() -> DDPLikeAdapter:

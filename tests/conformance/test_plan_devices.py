@@ -73,19 +73,6 @@ def test_the_cuda_plan_is_the_cpu_plan_plus_the_declared_differences(profile):
 
 
 def test_the_declared_differences_are_there():
-    """In a fresh interpreter (see tests/conformance/test_coverage.py: a long-lived `-n 2` worker's
-    earlier tests left planning state this check saw)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", "import tests.conformance.test_plan_devices as t; t._check_declared()"],
-                          cwd=repo, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-def _check_declared():
     """The rule is not vacuous: there are CPU-only skips and ends-world entries, and torch
     DDP's known failures (upstream bugs, not CPU artefacts) stay expected on CUDA."""
     cuda = make_plan(Selection(adapters=ADAPTERS, profile="full", device="cuda"))
@@ -101,6 +88,29 @@ def _check_declared():
     reduce_cpu = [c for c in cpu.cases if c.id.startswith("torch-ddp|ddp/reduce-bf16/")]
     assert reduce_cpu and all("CUDA events" in (c.skip or "") for c in reduce_cpu)
     assert not any(by_id[c.id + "/cuda"].skip for c in reduce_cpu)
+
+
+def test_torch_ddp_stays_torchs_when_its_name_is_swapped(monkeypatch):
+    """A process that swaps refimpl's DDP in for `torch.nn.parallel.DistributedDataParallel`
+    (a drop-in swap; tests/refimpl/test_torch_ddp_suite.py did so at import, and a long-lived
+    test worker then planned refimpl-ddp's reduce_dtype cases as torch DDP's CPU skips) still
+    plans torch-ddp as torch's DDP and refimpl-ddp as refimpl's."""
+    import torch
+
+    import refimpl
+    from conformance.adapters import ddp_like
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", refimpl.DistributedDataParallel)
+    assert ddp_like.torch_ddp().cls is torch.nn.parallel.distributed.DistributedDataParallel
+    (scenario,) = [s for s in _full_ddp() if s.id == "ddp/reduce-bf16/mlp/w2/fp32"]
+    assert ddp_like.refimpl_ddp().unavailable(scenario) is None
+    assert "CUDA events" in ddp_like.torch_ddp().unavailable(scenario)
+
+
+def _full_ddp():
+    from conformance.catalogue import select
+
+    return select(area="ddp", profile="full")
 
 
 def test_an_entry_for_one_device_matches_only_there(tmp_path):
