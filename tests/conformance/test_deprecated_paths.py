@@ -8,12 +8,12 @@ import importlib
 import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 from conformance import _deprecated
+from tests.deprecated_paths import assert_moved_path_works
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,21 +30,7 @@ def test_the_changelog_lists_every_moved_path():
 
 @pytest.mark.parametrize("old", sorted(_deprecated.MOVED))
 def test_a_moved_path_warns_and_gives_the_new_names(old):
-    new = importlib.import_module(_deprecated.MOVED[old])
-    public = [n for n in dir(new) if not n.startswith("_")]
-    assert public, f"{new.__name__} has no public name to check"
-    saved = sys.modules.pop(old, None)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            shim = importlib.import_module(old)
-            values = {n: getattr(shim, n) for n in public}
-    finally:
-        if saved is not None:
-            sys.modules[old] = saved
-    assert all(values[n] is getattr(new, n) for n in public)
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert messages and all(_deprecated.MOVED[old] in m and _deprecated.REMOVED_IN in m for m in messages), messages
+    assert_moved_path_works(old, _deprecated.MOVED, _deprecated.REMOVED_IN)
 
 
 def test_the_old_cli_path_still_runs_as_a_module():
