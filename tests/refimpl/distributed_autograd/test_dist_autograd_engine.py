@@ -57,6 +57,13 @@ def _assert_grads(name, got, tensors, expected):
 
 
 def _check_backward(world_size):
+    """Each part on the same world, then nothing left behind on any worker."""
+    for part in (_compositions, _shapes, _retain_graph, _calls_and_debug_info, _two_threads):
+        part()
+    wait_nothing_left(world_size)
+
+
+def _compositions():
     import torch.distributed.autograd as torch_dist_autograd
 
     import refimpl.distributed_autograd as dist_autograd
@@ -79,6 +86,11 @@ def _check_backward(world_size):
                     expected,
                 )
 
+
+def _shapes():
+    import refimpl.distributed_autograd as dist_autograd
+
+    x, w = _tensors(len(cases.CASES) - 1)  # (the last composition's tensors)
     # the answers of a fan-out reach the root's shared nodes together: they run once
     # (credit.py [Note: the root's own messages]), as under torch's engine, not once per answer
     expected = torch.autograd.grad(cases.counted_fan_out("local", x, w), [x, w])
@@ -103,6 +115,11 @@ def _check_backward(world_size):
             "unused_send", dist_autograd.get_gradients(cid), [x, w], [w.detach(), x.detach()]
         )
 
+
+def _retain_graph():
+    import refimpl.distributed_autograd as dist_autograd
+
+    x, w = _tensors(100)
     # retain_graph: repeated backward accumulates in the context; then the graph is released
     expected = torch.autograd.grad(cases.chain("local", x, w), [x, w])
     with dist_autograd.context() as cid:
@@ -125,6 +142,11 @@ def _check_backward(world_size):
             "after release", dist_autograd.get_gradients(cid), [x, w], [5 * e for e in expected]
         )
 
+
+def _calls_and_debug_info():
+    import refimpl.distributed_autograd as dist_autograd
+
+    x, w = _tensors(100)
     # rpc_async, remote + to_here, and an RRef passed to another call
     with dist_autograd.context() as cid:
         fut = dist_autograd.rpc_async(worker_name(2), torch.matmul, args=(x, w))
@@ -144,6 +166,10 @@ def _check_backward(world_size):
         dist_autograd.backward(cid, [y.sum()])
     seen = dist_autograd.rpc_sync(cases_probe, cases.recorded)
     assert seen == [{"num_current_backward_passes": 1, "num_autograd_contexts": 1}], seen
+
+
+def _two_threads():
+    import refimpl.distributed_autograd as dist_autograd
 
     # two threads, two contexts, backward concurrently through the same workers
     results, errors = {}, []
@@ -167,8 +193,6 @@ def _check_backward(world_size):
         _assert_grads(
             "threads", got, [xi, wi], torch.autograd.grad(cases.fan_out("local", xi, wi), [xi, wi])
         )
-
-    wait_nothing_left(world_size)
 
 
 @pytest.mark.slow
