@@ -101,14 +101,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         super().__init__()
         Joinable.__init__(self)
         self._divide_by_initial_world_size = True
-        for name, value in kwargs.items():
-            if name not in _UNSUPPORTED:
-                raise TypeError(f"DistributedDataParallel got an unexpected keyword argument {name!r}")
-            if value != _UNSUPPORTED[name]:
-                raise ValueError(
-                    f"refimpl DistributedDataParallel does not support {name}={value!r}; "
-                    f"leave it at {_UNSUPPORTED[name]!r} or use torch.nn.parallel.DistributedDataParallel"
-                )
+        _check_unsupported(kwargs)
         if check_reduction:
             warnings.warn(
                 "check_reduction is deprecated (as in torch) and ignored: the reducer always checks "
@@ -132,17 +125,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             )
         devices = {p.device for _, p in params}
         if device_ids is not None:
-            if len(device_ids) != 1:
-                raise ValueError(f"device_ids must hold exactly one device (one process per device), got {device_ids}")
-            if len(devices) != 1 or next(iter(devices)).type == "cpu":
-                raise ValueError(
-                    "device_ids is only for single-device GPU modules; leave it None for CPU or multi-device modules "
-                    f"(module parameters are on {sorted(map(str, devices))})"
-                )
-            want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
-            device = next(iter(devices))
-            if want is not None and want != device or want is None and device.index != device_ids[0]:
-                raise ValueError(f"device_ids={device_ids} but the module's parameters are on {device}")
+            _check_device_ids(device_ids, devices)
         self.module = module
         self.device_ids = list(device_ids) if device_ids is not None else None
         self.output_device = output_device
@@ -326,6 +309,33 @@ class DistributedDataParallel(nn.Module, Joinable):
     @property
     def bucket_plan(self):
         return self.reducer.plan
+
+
+def _check_unsupported(kwargs: dict) -> None:
+    """torch's keywords refimpl does not implement: accepted only at torch's default."""
+    for name, value in kwargs.items():
+        if name not in _UNSUPPORTED:
+            raise TypeError(f"DistributedDataParallel got an unexpected keyword argument {name!r}")
+        if value != _UNSUPPORTED[name]:
+            raise ValueError(
+                f"refimpl DistributedDataParallel does not support {name}={value!r}; "
+                f"leave it at {_UNSUPPORTED[name]!r} or use torch.nn.parallel.DistributedDataParallel"
+            )
+
+
+def _check_device_ids(device_ids, devices: set) -> None:
+    """`device_ids` names the one GPU that holds every parameter (torch's single-device rule)."""
+    if len(device_ids) != 1:
+        raise ValueError(f"device_ids must hold exactly one device (one process per device), got {device_ids}")
+    if len(devices) != 1 or next(iter(devices)).type == "cpu":
+        raise ValueError(
+            "device_ids is only for single-device GPU modules; leave it None for CPU or multi-device modules "
+            f"(module parameters are on {sorted(map(str, devices))})"
+        )
+    want = torch.device(device_ids[0]) if not isinstance(device_ids[0], int) else None
+    device = next(iter(devices))
+    if want is not None and want != device or want is None and device.index != device_ids[0]:
+        raise ValueError(f"device_ids={device_ids} but the module's parameters are on {device}")
 
 
 def _unique(tensors) -> list[torch.Tensor]:
