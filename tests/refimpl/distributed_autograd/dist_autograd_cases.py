@@ -27,6 +27,24 @@ def call_for(mode: str):
     raise ValueError(mode)
 
 
+def tensors(seed):
+    """A case's leaves ``x, w`` (float64, from ``seed``)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 4, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(4, 4, generator=g, dtype=torch.float64).requires_grad_()
+    return x, w
+
+
+def assert_grads(name, got, leaves, expected):
+    """``got`` (a context's gradients) holds ``expected[i]`` for ``leaves[i]``, and nothing for a None."""
+    for i, (t, e) in enumerate(zip(leaves, expected, strict=True)):
+        if e is None:
+            assert t not in got, f"{name}: tensor {i} unused yet has a gradient {got.get(t)}"
+        else:
+            assert t in got, f"{name}: tensor {i} has no gradient in the context"
+            torch.testing.assert_close(got[t], e, msg=lambda m, i=i: f"{name}: tensor {i}: {m}")
+
+
 # functions executed on remote workers ---------------------------------------------------------
 def hop_to_2(mode, x):
     """On worker1: compute, call worker2, compute again (chain 0 -> 1 -> 2)."""

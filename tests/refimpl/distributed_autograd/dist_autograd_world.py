@@ -64,6 +64,27 @@ def wait_nothing_left(world_size: int, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def set_channel(mode: str) -> None:
+    """The environment variable as a fresh agent reads it, and the running agent's switch."""
+    import importlib
+    import os
+
+    from refimpl.distributed_autograd import channel
+
+    os.environ[channel.ENV] = mode
+    importlib.import_module("refimpl.distributed_autograd.context").container().use_channel = (
+        channel.enabled()
+    )
+
+
+def channel_calls() -> int:
+    """Messages this worker sent on its gradient channel so far."""
+    import importlib
+
+    cont = importlib.import_module("refimpl.distributed_autograd.context").container()
+    return 0 if cont._channel is None else cont._channel.calls_sent
+
+
 def _serve(rank: int, world_size: int, store_path: str, tasks, results, stop) -> None:
     from conformance.harness.network import pin_to_loopback
 

@@ -10,7 +10,12 @@ import torch
 
 from refimpl.distributed_autograd.engine import validate_roots
 from tests.refimpl.distributed_autograd import dist_autograd_cases as cases
-from tests.refimpl.distributed_autograd.dist_autograd_world import wait_nothing_left, worker_name
+from tests.refimpl.distributed_autograd.dist_autograd_cases import assert_grads, tensors
+from tests.refimpl.distributed_autograd.dist_autograd_world import (
+    channel_calls,
+    wait_nothing_left,
+    worker_name,
+)
 
 
 @pytest.mark.parametrize(
@@ -40,22 +45,6 @@ def test_root_validation_types():
 
 
 # ---------------------------------------------------------------------------------------------
-def _tensors(seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(4, 4, generator=g, dtype=torch.float64).requires_grad_()
-    w = torch.randn(4, 4, generator=g, dtype=torch.float64).requires_grad_()
-    return x, w
-
-
-def _assert_grads(name, got, tensors, expected):
-    for i, (t, e) in enumerate(zip(tensors, expected, strict=True)):
-        if e is None:
-            assert t not in got, f"{name}: tensor {i} unused yet has a gradient {got.get(t)}"
-        else:
-            assert t in got, f"{name}: tensor {i} has no gradient in the context"
-            torch.testing.assert_close(got[t], e, msg=lambda m, i=i: f"{name}: tensor {i}: {m}")
-
-
 def _check_backward(world_size):
     """Each part on the same world, then nothing left behind on any worker."""
     for part in (_compositions, _shapes, _retain_graph, _calls_and_debug_info, _two_threads):
@@ -70,16 +59,16 @@ def _compositions():
 
     # every composition: refimpl == local autograd == torch.distributed.autograd
     for seed, case in enumerate(cases.CASES):
-        x, w = _tensors(seed)
+        x, w = tensors(seed)
         expected = torch.autograd.grad(case("local", x, w), [x, w], allow_unused=True)
         with dist_autograd.context() as cid:
             dist_autograd.backward(cid, [case("refimpl", x, w)])
-            _assert_grads(case.__name__, dist_autograd.get_gradients(cid), [x, w], expected)
+            assert_grads(case.__name__, dist_autograd.get_gradients(cid), [x, w], expected)
         assert x.grad is None and w.grad is None, f"{case.__name__}: wrote .grad"
         if case is not cases.unused_leaf:  # torch's FAST mode hangs on an unused send function
             with torch_dist_autograd.context() as cid:
                 torch_dist_autograd.backward(cid, [case("torch", x, w)])
-                _assert_grads(
+                assert_grads(
                     case.__name__ + "/torch",
                     torch_dist_autograd.get_gradients(cid),
                     [x, w],
@@ -90,28 +79,28 @@ def _compositions():
 def _shapes():
     import refimpl.distributed_autograd as dist_autograd
 
-    x, w = _tensors(len(cases.CASES) - 1)  # (the last composition's tensors)
+    x, w = tensors(len(cases.CASES) - 1)  # (the last composition's tensors)
     # the answers of a fan-out reach the root's shared nodes together: they run once
     # (credit.py [Note: the root's own messages]), as under torch's engine, not once per answer
     expected = torch.autograd.grad(cases.counted_fan_out("local", x, w), [x, w])
     cases.COUNTED[0] = 0
     with dist_autograd.context() as cid:
         dist_autograd.backward(cid, [cases.counted_fan_out("refimpl", x, w)])
-        _assert_grads("counted_fan_out", dist_autograd.get_gradients(cid), [x, w], expected)
+        assert_grads("counted_fan_out", dist_autograd.get_gradients(cid), [x, w], expected)
     assert cases.COUNTED[0] == 1, f"the shared node ran {cases.COUNTED[0]} times"
 
     # several roots
-    x, w = _tensors(100)
+    x, w = tensors(100)
     expected = torch.autograd.grad(cases.multi_roots("local", x, w), [x, w])
     with dist_autograd.context() as cid:
         dist_autograd.backward(cid, cases.multi_roots("refimpl", x, w))
-        _assert_grads("multi_roots", dist_autograd.get_gradients(cid), [x, w], expected)
+        assert_grads("multi_roots", dist_autograd.get_gradients(cid), [x, w], expected)
 
     # a send function whose result is never used: the pass completes (no FAST-mode hang)
     with dist_autograd.context() as cid:
         dist_autograd.rpc_sync(worker_name(1), torch.add, args=(x, w))
         dist_autograd.backward(cid, [(x * w).sum()])
-        _assert_grads(
+        assert_grads(
             "unused_send", dist_autograd.get_gradients(cid), [x, w], [w.detach(), x.detach()]
         )
 
@@ -119,7 +108,7 @@ def _shapes():
 def _retain_graph():
     import refimpl.distributed_autograd as dist_autograd
 
-    x, w = _tensors(100)
+    x, w = tensors(100)
     # retain_graph: repeated backward accumulates in the context; then the graph is released
     expected = torch.autograd.grad(cases.chain("local", x, w), [x, w])
     with dist_autograd.context() as cid:
@@ -127,9 +116,9 @@ def _retain_graph():
         for _ in range(3):
             dist_autograd.backward(cid, [loss], retain_graph=True)
         grads = dist_autograd.get_gradients(cid)
-        _assert_grads("retain_graph x3", grads, [x, w], [3 * e for e in expected])
+        assert_grads("retain_graph x3", grads, [x, w], [3 * e for e in expected])
         dist_autograd.backward(cid, [loss])  # 4th, frees the graph
-        _assert_grads(
+        assert_grads(
             "retain_graph x4", dist_autograd.get_gradients(cid), [x, w], [4 * e for e in expected]
         )
         with pytest.raises(
@@ -138,7 +127,7 @@ def _retain_graph():
             dist_autograd.backward(cid, [loss])
         # a fresh forward in the same context works again and keeps accumulating
         dist_autograd.backward(cid, [cases.chain("refimpl", x, w)])
-        _assert_grads(
+        assert_grads(
             "after release", dist_autograd.get_gradients(cid), [x, w], [5 * e for e in expected]
         )
 
@@ -146,7 +135,7 @@ def _retain_graph():
 def _calls_and_debug_info():
     import refimpl.distributed_autograd as dist_autograd
 
-    x, w = _tensors(100)
+    x, w = tensors(100)
     # rpc_async, remote + to_here, and an RRef passed to another call
     with dist_autograd.context() as cid:
         fut = dist_autograd.rpc_async(worker_name(2), torch.matmul, args=(x, w))
@@ -157,7 +146,7 @@ def _calls_and_debug_info():
         dist_autograd.backward(cid, [loss])
         got = dist_autograd.get_gradients(cid)
     expected = torch.autograd.grad((((x @ w) * w) * x).sum(), [x, w])
-    _assert_grads("rpc_async/remote/to_here", got, [x, w], expected)
+    assert_grads("rpc_async/remote/to_here", got, [x, w], expected)
 
     # the pass is visible in the debug info of a worker while it runs there
     cases_probe = worker_name(1)
@@ -176,7 +165,7 @@ def _two_threads():
 
     def trainer(i):
         try:
-            xi, wi = _tensors(200 + i)
+            xi, wi = tensors(200 + i)
             with dist_autograd.context() as cid:
                 dist_autograd.backward(cid, [cases.fan_out("refimpl", xi, wi)])
                 results[i] = (xi, wi, dist_autograd.get_gradients(cid))
@@ -190,7 +179,7 @@ def _two_threads():
         t.join(30)
     assert not errors and len(results) == 2, errors
     for xi, wi, got in results.values():
-        _assert_grads(
+        assert_grads(
             "threads", got, [xi, wi], torch.autograd.grad(cases.fan_out("local", xi, wi), [xi, wi])
         )
 
@@ -204,7 +193,7 @@ def test_backward_matches_local_and_torch(rpc_world):
 def _check_errors(world_size):
     import refimpl.distributed_autograd as dist_autograd
 
-    x, w = _tensors(7)
+    x, w = tensors(7)
 
     # backward outside any context / with an unknown id
     with pytest.raises(RuntimeError, match="Could not find autograd context with id: 100"):
@@ -253,62 +242,6 @@ def test_errors_and_cleanup(rpc_world):
 
 
 # ---------------------------------------------------------------------------------------------
-def _set_channel(mode: str) -> None:
-    """The environment variable as a fresh agent reads it, and the running agent's switch."""
-    import importlib
-    import os
-
-    from refimpl.distributed_autograd import channel
-
-    os.environ[channel.ENV] = mode
-    importlib.import_module("refimpl.distributed_autograd.context").container().use_channel = (
-        channel.enabled()
-    )
-
-
-def _channel_calls() -> int:
-    import importlib
-
-    cont = importlib.import_module("refimpl.distributed_autograd.context").container()
-    return 0 if cont._channel is None else cont._channel.calls_sent
-
-
-def _check_both_transports(world_size):
-    """Every composition gives local autograd's gradients with the messages on the channel and
-    with them on RPC (``REFIMPL_DIST_AUTOGRAD_CHANNEL=rpc``); each setting takes its path."""
-    import refimpl.distributed_autograd as dist_autograd
-
-    workers = [worker_name(r) for r in range(world_size)]
-    try:
-        for mode in ("rpc", "socket"):
-            for w in workers:
-                dist_autograd.rpc_sync(w, _set_channel, args=(mode,))
-            before = sum(dist_autograd.rpc_sync(w, _channel_calls) for w in workers)
-            for seed, case in enumerate(cases.CASES):
-                x, w = _tensors(seed)
-                expected = torch.autograd.grad(case("local", x, w), [x, w], allow_unused=True)
-                with dist_autograd.context() as cid:
-                    dist_autograd.backward(cid, [case("refimpl", x, w)])
-                    got = dist_autograd.get_gradients(cid)
-                    _assert_grads(f"{case.__name__}/{mode}", got, [x, w], expected)
-            sent = sum(dist_autograd.rpc_sync(w, _channel_calls) for w in workers) - before
-            if mode == "rpc":
-                assert sent == 0, f"{sent} messages went over the channel it was switched off"
-            else:
-                # (the first messages to each peer go over RPC while its connection opens)
-                assert sent > 0, "no message used the channel"
-    finally:
-        for w in workers:
-            dist_autograd.rpc_sync(w, _set_channel, args=("socket",))
-    wait_nothing_left(world_size)
-
-
-@pytest.mark.slow
-def test_backward_over_the_channel_and_over_rpc(rpc_world):
-    rpc_world.run(_check_both_transports)
-
-
-# ---------------------------------------------------------------------------------------------
 def _check_fetch_by_key(world_size):
     """rpc.py [Note: fetch by key]: after the first fetch of an RRef in a context, later
     fetches send its key (over the channel once it is open) and still record the autograd edge;
@@ -327,9 +260,9 @@ def _check_fetch_by_key(world_size):
     used_channel = False
     for step in range(1000):
         with dist_autograd.context() as cid:
-            before = _channel_calls()
+            before = channel_calls()
             value = rref.to_here() if step % 2 else dist_autograd.to_here(rref)
-            fetched_on_channel = _channel_calls() > before
+            fetched_on_channel = channel_calls() > before
             dist_autograd.backward(cid, [(value * x * (step + 1)).sum()])
             grad = rpc.rpc_sync(owner, cases.rref_value_grad, args=(rref, cid))
         torch.testing.assert_close(grad, x * (step + 1), msg=lambda m, step=step: f"fetch {step}: {m}")
@@ -366,9 +299,9 @@ def _check_fetch_by_key(world_size):
         assert rpc_mod._key_of(listed) is None, "a list was given a key"
 
     with dist_autograd.context() as cid:
-        before = _channel_calls()
+        before = channel_calls()
         value = rref.to_here(timeout=60)
-        assert _channel_calls() == before, "a fetch with a timeout went by key"
+        assert channel_calls() == before, "a fetch with a timeout went by key"
         dist_autograd.backward(cid, [(value * x).sum()])
         grad = rpc.rpc_sync(owner, cases.rref_value_grad, args=(rref, cid))
     torch.testing.assert_close(grad, x)

@@ -19,11 +19,11 @@ def _backward_until_the_channel_is_used(world_size: int) -> None:
 
     import refimpl.distributed_autograd as dist_autograd
     from tests.refimpl.distributed_autograd import dist_autograd_cases as cases
-    from tests.refimpl.distributed_autograd.test_dist_autograd_engine import _channel_calls
+    from tests.refimpl.distributed_autograd.dist_autograd_world import channel_calls
 
     workers = [f"worker{r}" for r in range(world_size)]
     deadline = time.monotonic() + 120
-    while sum(dist_autograd.rpc_sync(w, _channel_calls) for w in workers) == 0:
+    while sum(dist_autograd.rpc_sync(w, channel_calls) for w in workers) == 0:
         assert time.monotonic() < deadline, "no backward message ever used the channel"
         x, w = (torch.randn(3, 3, requires_grad=True) for _ in range(2))
         with dist_autograd.context() as cid:
