@@ -47,9 +47,11 @@ def handwritten(area: str = "ddp") -> list[Scenario]:
            *_precision_and_compression(m)]
     if area == "ddp":
         # The generated pairwise array covers the base list's standard variants (another world
-        # size, model or bucket cap of a quick scenario): those without an upstream issue move to
-        # full; the quick ones and the upstream regressions stay pinned in standard.
-        out = [s.with_(profiles=FULL) if s.profiles == STANDARD and not s.upstream else s for s in out]
+        # size, model or bucket cap of a quick scenario): those that vary one thing move to full;
+        # the quick ones, the upstream regressions and the composed ones (`composed`) stay pinned
+        # in standard.
+        out = [s.with_(profiles=FULL) if s.profiles == STANDARD and not s.upstream and not composed(s) else s
+               for s in out]
     out += realistic.scenarios(m)  # issue 39: GPT, Llama, MoE, ResNet (conformance/catalogue/realistic.py)
     if area == "ddp":  # the training-loop scenarios (conformance/catalogue/training_loop.py)
         out += training_loop.scenarios(m)
@@ -58,6 +60,27 @@ def handwritten(area: str = "ddp") -> list[Scenario]:
     if area == "ddp":  # production-training features (join, AMP, compile ...): their own module
         out += ddp_features.scenarios()
     return out
+
+
+# Values a scenario's maker picks on its own (the data regime follows the world size), or that
+# say where it runs rather than what it combines: not counted as a choice by `composed`.
+_NOT_CHOSEN = ("model", "world", "data")
+
+
+def composed(s: Scenario) -> bool:
+    """Whether a hand-written scenario puts two or more non-default options together.
+
+    Such a scenario is a combination someone wrote on purpose, on the model where it shows
+    (`unused-static-graph/branches/w2`: static_graph with a parameter one rank leaves unused). The
+    pairwise array holds each of its pairs somewhere, but possibly on a model or world size where
+    the two do not meet (the rank dependence needs a third value), so it stays pinned in standard.
+    """
+    from conformance.space.ddp_rows import DEFAULTS, project
+
+    row = project(s)
+    if row is None:
+        return False
+    return sum(1 for k, v in row.items() if k not in _NOT_CHOSEN and v != DEFAULTS[k]) >= 2
 
 
 def _basics(m) -> list[Scenario]:
