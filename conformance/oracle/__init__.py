@@ -11,6 +11,8 @@ rank must show (docs/oracle.md has a chapter per part):
                          clipping, checkpoint round trips; `conformance.features`);
 - `baseline_events`      what the replays fill: `Expected` comparison points, a `Baseline`;
 - `baseline_mixed`       a sharded engine's mixed-precision policy (param and reduce dtypes);
+- `buffers`              which buffers each rank forwards from (rank 0's broadcast, skipped after
+                         a no_sync() forward; each rank's own with broadcast_buffers=False);
 - `replica_oracle`       data_parallel replica by replica, on the implementation's own split;
 - `envelope`             what a cross-rank sum may be, per element: the summation-order envelope
                          and the derived bounds;

@@ -10,8 +10,10 @@ every rank computes on its own shard, and derives what a correct implementation 
 - after each optimizer step: the parameters the same optimizer produces from those
   gradients, and rank 0's buffers.
 
-Buffers follow DDP's rule (rank 0 broadcasts before each forward): every shard is forwarded
-from rank 0's buffers, and only rank 0's update is kept. An adapter that declares other rules
+Buffers follow DDP's rule (`conformance.oracle.buffers`): rank 0 broadcasts before each forward
+that follows a forward outside `no_sync()` (a step's first), so that forward starts every shard
+from rank 0's buffers and the step's later micro-batches from the rank's own; with
+`broadcast_buffers=False` every rank keeps its own from construction on. An adapter that declares other rules
 (conformance.semantics: buffers never synced or broadcast after backward, construction sync at
 the first forward, unused parameters as zeros, micro-batches averaged or reduced one by one,
 fp32 master weights, a dynamic loss scaler that skips overflow steps) gets an oracle that
@@ -41,6 +43,7 @@ from torch import Tensor
 
 from conformance.models.data import build_model, forward_loss, make_inputs, make_optimizer
 from conformance.oracle import baseline_features, baseline_mixed, trajectory
+from conformance.oracle import buffers as buffer_rule
 from conformance.oracle.accumulation import (
     add_grad,
     reduce_scattered_per_micro_batch,
@@ -148,6 +151,7 @@ class _Replay:
         self.scenario, self.sem, self.anchor = scenario, sem, anchor
         self.W = W = scenario.world_size
         self.rule = rule_of(scenario, sem)
+        self.buffer_rule = buffer_rule.rule(scenario, sem)  # the declared one, with broadcast_buffers
         torch.manual_seed(scenario.seed)
         self.model = build_model(
             scenario.model, scenario.kwargs(), seed=scenario.seed, rank=0,
@@ -174,15 +178,15 @@ class _Replay:
         # sync happens later (first forward) or never (buffers).
         lazy = sem.construction_sync == ConstructionSync.FIRST_FORWARD
         self.first_step = sem.construction_sync == ConstructionSync.FIRST_STEP
-        own_needed = lazy or self.first_step or sem.buffers == Buffers.NEVER
+        own_needed = lazy or self.first_step or self.buffer_rule == Buffers.NEVER
         self.own = [_own_state(scenario, r) for r in range(W)] if own_needed else None
         if lazy or self.first_step:
             self.baseline.init_params_ranks = [self.own[r][0] for r in range(W)]
         self.rank_buffers = [self._buffers()] * W
-        if self.own is not None and (lazy or sem.buffers == Buffers.NEVER):
+        if self.own is not None and (lazy or self.buffer_rule == Buffers.NEVER):
             self.rank_buffers = [self.own[r][1] for r in range(W)]
             self.baseline.init_buffers_ranks = list(self.rank_buffers)
-            if sem.buffers in (Buffers.CONSTRUCTION_ONLY, Buffers.AFTER_BACKWARD):
+            if self.buffer_rule in (Buffers.CONSTRUCTION_ONLY, Buffers.AFTER_BACKWARD):
                 self.rank_buffers = [self.rank_buffers[0]] * W  # the lazy construction sync copies rank 0's
         self.mean = sem.accumulation == Accumulation.MEAN
         self.reduced_each = sem.mid_accumulation == MidAccumulation.REDUCED
@@ -207,7 +211,7 @@ class _Replay:
             self._reanchor(step)
             avg, skipped, after_forward = self._backwards(step)
             self._step(step, avg, skipped)
-            self._step_event(step, after_forward)
+            self._step_event(step)
         self.baseline.rng_break = self.streams.broken
         return self.baseline
 
@@ -248,8 +252,10 @@ class _Replay:
         """One rank's forward and backward on its shard; its gradients added into `local[rank]`.
         Returns the buffers its forward left."""
         scenario, sem, model = self.scenario, self.sem, self.model
-        # torch DDP: every rank forwards from rank 0's buffers; otherwise its own.
-        start = self.rank_buffers[0] if sem.buffers == Buffers.BEFORE_FORWARD else self.rank_buffers[rank]
+        # torch DDP: a forward that follows one outside no_sync() starts from rank 0's buffers
+        # (broadcast); any other forward from the rank's own (conformance.oracle.buffers).
+        broadcast = self.buffer_rule == Buffers.BEFORE_FORWARD and buffer_rule.broadcasts(micro)
+        start = self.rank_buffers[0] if broadcast else self.rank_buffers[rank]
         load_buffers(model, start)
         if self.first_step and step == 0:  # step 0 runs on each rank's own parameters
             load_params(model, self.own[rank][0])
@@ -282,12 +288,10 @@ class _Replay:
 
     def _buffers_after(self, after_forward: list, synced: bool) -> None:
         """The buffers each rank starts its next forward from, by the declared buffer rule."""
-        W, sem = self.W, self.sem
-        if sem.buffers == Buffers.BEFORE_FORWARD:
-            self.rank_buffers = [after_forward[0]] * W  # rank 0's update wins at the next forward
-        elif sem.buffers == Buffers.AFTER_BACKWARD and synced:
+        W = self.W
+        if self.buffer_rule == Buffers.AFTER_BACKWARD and synced:
             self.rank_buffers = [after_forward[0]] * W  # rank 0's buffers broadcast after backward
-        else:
+        else:  # each rank's own (before forward: rank 0's wins at the next forward that broadcasts)
             self.rank_buffers = after_forward
         load_buffers(self.model, self.rank_buffers[0])
 
@@ -354,15 +358,10 @@ class _Replay:
             # synced gradient differs between engines (p.grad or a local buffer), not modelled.
             self.carried = {n: avg[n] for n, _ in named}
 
-    def _step_event(self, step: int, after_forward: list) -> None:
+    def _step_event(self, step: int) -> None:
         """After the step: every rank's parameters, and its buffers by the declared rule."""
         W = self.W
-        if self.sem.buffers == Buffers.BEFORE_FORWARD:
-            # Ranks other than 0 are modelled with one micro-batch per step only: under
-            # no_sync, torch DDP skips the broadcast at the next forward.
-            per_rank = after_forward if self.scenario.micro_batches == 1 else [self._buffers()] + [None] * (W - 1)
-        else:
-            per_rank = list(self.rank_buffers)
+        per_rank = list(self.rank_buffers)  # what each rank's last forward left (or rank 0's, broadcast after backward)
         self.baseline.events.append(Expected("step", step, 0, True, [self._state()] * W, buffers=per_rank))
 
 

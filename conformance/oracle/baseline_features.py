@@ -35,6 +35,7 @@ from conformance.features import (
     optimizer,
 )
 from conformance.models.data import build_model, model_loss
+from conformance.oracle import buffers as buffer_rule
 from conformance.oracle.accumulation import add_grad, reduced_per_micro_batch
 from conformance.oracle.anchor import load_params
 from conformance.oracle.baseline_events import Baseline, Expected, dense, load_buffers
@@ -61,12 +62,13 @@ def compute(scenario: Scenario, semantics: Semantics = TORCH_DDP, anchor=None) -
 
     Modelled: unused parameters as zeros, construction sync at the first forward or at the first
     optimizer step (step 0 forwards each rank's own parameters, only rank 0 participates), buffers
-    broadcast after backward, a lossy bound (judged by the contract), micro-batch accumulation
+    by `conformance.oracle.buffers` (rank 0's broadcast before a step's first forward only, or after
+    backward; never synchronized, as with `broadcast_buffers=False`: each rank's own from
+    construction on), a lossy bound (judged by the contract), micro-batch accumulation
     (every micro-batch but a step's last inside `no_sync()`: each rank's local sum after each,
     added in autograd's order; a declared mean or per-micro-batch reduction as in
-    `conformance.oracle.baseline`). Buffers never synchronized are refused at plan time
-    (`conformance.adapters.feature_support`) and here; so are several micro-batches with `join()` or
-    buffers (when the broadcast is skipped inside `no_sync()` is not modelled here).
+    `conformance.oracle.baseline`). Buffers synchronized at construction only are refused at plan time
+    (`conformance.adapters.feature_support`) and here; so are several micro-batches with `join()`.
     """
     return _FeatureReplay(scenario, semantics or TORCH_DDP, anchor).run()
 
@@ -94,6 +96,7 @@ class _FeatureReplay:
             scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=0,
             dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data,
         )
+        self.buffer_rule = buffer_rule.rule(scenario, semantics)
         self._refuse_unmodelled()
         M = self.M = scenario.micro_batches
         self.mean = semantics.accumulation == Accumulation.MEAN and M > 1
@@ -113,6 +116,12 @@ class _FeatureReplay:
             self.baseline.init_params_ranks = self.own_params
             if lazy:
                 self.baseline.init_buffers_ranks = [{n: b.detach().clone() for n, b in m.named_buffers()} for m in own]
+        # Buffers never synchronized: each rank forwards from its own, as it built them (None: every
+        # rank starts a step from rank 0's, broadcast before the step's first forward or after backward).
+        self.rank_buffers = None
+        if self.buffer_rule == Buffers.NEVER:
+            self.rank_buffers = [_own_buffers(scenario, feats, r) for r in range(W)]
+            self.baseline.init_buffers_ranks = list(self.rank_buffers)
 
         self.rule = rule_of(scenario, semantics)
         # Declared lossy communication (PowerSGD): simulated over the ranks' gradients, with its state.
@@ -126,14 +135,13 @@ class _FeatureReplay:
 
     def _refuse_unmodelled(self) -> None:
         scenario, semantics, feats, model = self.scenario, self.semantics, self.feats, self.model
-        if semantics.buffers in (Buffers.NEVER, Buffers.CONSTRUCTION_ONLY) and list(model.buffers()):
+        if self.buffer_rule == Buffers.CONSTRUCTION_ONLY and list(model.buffers()):
             raise ValueError(f"scenario {scenario.id}: the production-training oracle does not model the buffer rule "
                              f"{semantics.buffers.value!r} (the model has buffers)")
         if feats.join and list(model.buffers()):
             raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
-        if scenario.micro_batches > 1 and (feats.join or list(model.buffers())):
-            raise ValueError(f"scenario {scenario.id}: several micro-batches per step are modelled for buffer-free "
-                             "models without join() only")
+        if scenario.micro_batches > 1 and feats.join:
+            raise ValueError(f"scenario {scenario.id}: several micro-batches per step are modelled without join() only")
 
     def _state(self) -> dict:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
@@ -174,6 +182,8 @@ class _FeatureReplay:
             anchored_buffers = anchor.buffers_before(step)
             if anchored_buffers is not None:
                 load_buffers(self.model, anchored_buffers[0])
+                if self.rank_buffers is not None:  # each rank's own, as the engine recorded them
+                    self.rank_buffers = list(anchored_buffers)
 
     # -- 2. local gradients -----------------------------------------------------------------
     def _local_gradients(self, step: int, active: list[int], healing: bool):
@@ -187,7 +197,10 @@ class _FeatureReplay:
         shares: list[list[dict]] = [[] for _ in range(M)]  # per micro-batch, every active rank's own gradient
         inside: list[list] = [[None] * W for _ in range(M - 1)]  # each rank's local sum inside no_sync()
         for rank in active:
-            load_buffers(model, start_buffers)
+            # A step's first forward starts from rank 0's buffers (broadcast), the later micro-batches
+            # from the ones this rank's own forwards left (the broadcast skipped after a no_sync()
+            # forward: conformance.oracle.buffers); never synchronized: the rank's own throughout.
+            load_buffers(model, start_buffers if self.rank_buffers is None else self.rank_buffers[rank])
             if healing:
                 load_params(model, self.own_params[rank])
             accumulated = {n: None for n, _ in named}
@@ -207,6 +220,8 @@ class _FeatureReplay:
             for name, _ in named:
                 local[name].append(accumulated[name])
             after_forward[rank] = self._buffers()
+            if self.rank_buffers is not None:
+                self.rank_buffers[rank] = after_forward[rank]
             if rank == active[0]:
                 rank0_buffers = after_forward[rank]
         return local, shares, inside, after_forward, rank0_buffers
@@ -271,3 +286,10 @@ class _FeatureReplay:
             "step", step, 0, True, [params_now if r in active else None for r in range(self.W)],
             buffers=[after_forward.get(r) for r in range(self.W)],
         ))
+
+
+def _own_buffers(scenario: Scenario, feats: Features, rank: int) -> dict:
+    """Rank `rank`'s buffers as it built them (before any synchronization)."""
+    m = build_model(scenario.model, model_kwargs(scenario, feats, oracle=True), seed=scenario.seed, rank=rank,
+                    dtype=scenario.dtype, device=scenario.device, exact=scenario.exact_data)
+    return {n: b.detach().clone() for n, b in m.named_buffers()}
