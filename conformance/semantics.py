@@ -185,7 +185,21 @@ def reduce_dtype_bound(dtype: str, world_size: int) -> Tolerance:
     Each rank's share is cast to `dtype` and divided there (one rounding each), then summed in
     `dtype` (W - 1 roundings): the bound derived per element from the shares
     (`conformance.oracle.envelope`). The old band (one `dtype` ulp per summand) is the straight-through
-    check's.
+    check's (implied where a scenario runs one step: `conformance.judge.contract`).
+
+    Composed over M micro-batches (the first M - 1 inside ``no_sync()``): a rank's share is its
+    local sum s_r = g_{r,1} + ... + g_{r,M}, accumulated by autograd in the parameters' dtype,
+    in the order the oracle replays bitwise (no rounding of its own to bound), and cast to
+    `dtype` once, at the synced backward. The bound is therefore the same with x_r = s_r / W:
+
+        |ŝ - Σ_r x_r| <= γ_m · Σ_r |x_r| + m·W·η,   m = 1 (the cast) + (W - 1) (the sum)
+                                                        + 2 where W is not a power of two (1/W),
+
+    γ_m = m·u/(1 - m·u) with u the unit roundoff of `dtype`, η half its smallest subnormal, and
+    does not grow with M. An engine that rounds each micro-batch's local sum to `dtype`
+    (torch keeps ``p.grad`` in the parameters' dtype) adds u·|g_{r,1} + ... + g_{r,j}| for each
+    j < M: beyond the bound wherever a partial sum is larger than the whole (micro-batches that
+    cancel), which continuous data has.
     """
     ulps = max(2, world_size)
     band = Tolerance(False, rtol=ulps * _ULP[dtype], atol=ulps * _ULP[dtype],

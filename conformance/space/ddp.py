@@ -146,18 +146,13 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _c("loop-features-plain", "the zero_grad style and timing skew are switches of the plain rank loop; the "
        "production-training loop clears with set_to_none=True, in lockstep", ("zero_grad", "skew", *FEATURE_DIMS),
        lambda a: (a["zero_grad"] == "optimizer" and a["skew"] == "none") or _plain_loop(a)),
-    _c("buffer-free-accumulation", "the oracles model several micro-batches per step for buffer-free models only "
-       "(when the buffer broadcast is skipped inside no_sync() is not modelled), and without join()",
-       ("accumulation", "model", "join"),
-       lambda a: a["accumulation"] == "1" or (a["join"] == "off" and not _trait(a, "buffers"))),
+    _c("accumulation-without-join", "the production-training oracle models several micro-batches per step without "
+       "join() only (a joined rank's shadow collectives inside no_sync() are not modelled)",
+       ("accumulation", "join"), lambda a: a["accumulation"] == "1" or a["join"] == "off"),
     _c("sparse-one-micro-batch", "sparse gradients accumulated under no_sync() are not modelled by the oracle",
        ("accumulation", "model"), lambda a: a["accumulation"] == "1" or not _trait(a, "sparse")),
     _c("join-buffer-free", "join() moves the buffer source; the oracle models join() for buffer-free models",
        ("join", "model"), lambda a: a["join"] == "off" or not _trait(a, "buffers")),
-    _c("broadcast-buffers-off-buffer-free", "broadcast_buffers=False leaves every rank its own buffers from "
-       "construction on (torch syncs buffers at construction only when it broadcasts them); the oracle does not model "
-       "per-rank buffers (the declared rule 'never') yet", ("broadcast_buffers", "model"),
-       lambda a: a["broadcast_buffers"] or not _trait(a, "buffers")),
     _c("split-plain", "forwards inside no_sync() with backwards outside are a plain-loop switch",
        ("accumulation", *FEATURE_DIMS), lambda a: a["accumulation"] != "split" or _plain_loop(a)),
     _c("sparse-dense-only-features", "sparse gradients: compression, reduce_dtype, bucket views, clipping and "
@@ -214,15 +209,14 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _c("compile-unit-scale", "torch.compile's band (no bound derived) has an absolute part sized for O(1) values: "
        "large and tiny data are not judged under it", ("compile", "data"),
        lambda a: a["compile"] == "off" or a["data"] in ("int", "cont")),
-    _c("reduce-dtype-plain", "a declared reduce_dtype bound is composed with the plain loop's oracle only "
-       "(autocast, clipping and the other production features are not composed with it yet)",
-       ("reduce_dtype", *FEATURE_DIMS), lambda a: a["reduce_dtype"] == "none" or _plain_loop(a)),
+    _c("fp16-reduction-unscaled", "an fp16 reduction (the fp16 hook, reduce_dtype=fp16) of GradScaler-scaled "
+       "gradients: where the scaled values leave fp16's range the cast gives inf and the scaler skips the step; the "
+       "oracle bounds a finite reduction (a relative bound) and does not simulate the overflow",
+       ("hook", "reduce_dtype", "precision"),
+       lambda a: a["precision"] != "amp-fp16" or (a["hook"] != "fp16" and a["reduce_dtype"] != "fp16")),
     _c("half-params-two-ranks", "bf16/fp16 parameters at 3-4 ranks: the straight-through check's band (no bound "
        "derived) does not hold once rounding compounds over steps", ("precision", "world"),
        lambda a: a["precision"] not in HALF or a["world"] <= 2),
-    _c("reduce-dtype-one-micro-batch", "a declared reduce_dtype is judged by its derived bound with a "
-       "straight-through band that several micro-batches' rounding exceeds (the declaration path adds it back)",
-       ("reduce_dtype", "accumulation"), lambda a: a["reduce_dtype"] == "none" or a["accumulation"] == "1"),
     _c("scaled-data-two-ranks", "large and tiny data at 3+ ranks: the straight-through band (no bound derived) does "
        "not hold once summation-order differences compound over steps", ("data", "world"),
        lambda a: a["data"] in ("int", "cont") or a["world"] <= 2),

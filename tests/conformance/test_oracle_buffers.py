@@ -10,9 +10,10 @@ from conformance.semantics import TORCH_DDP, Buffers, Semantics
 from conformance.spec import Scenario, WrapOptions
 
 OFF = WrapOptions(broadcast_buffers=False)
+ON = WrapOptions()
 
 
-def _scenario(model="cnn-bn", *, micro=1, steps=1, options=WrapOptions(), features=()):
+def _scenario(model="cnn-bn", *, micro=1, steps=1, options=ON, features=()):
     return Scenario(f"ddp/t-buffers/{model}/w2/fp32/m{micro}-{options.broadcast_buffers}-{len(features)}", "ddp",
                     model, world_size=2, steps=steps, micro_batches=micro, options=options, seed=5,
                     features=features)
