@@ -122,3 +122,17 @@ def test_the_straight_through_check_fails_only_beyond_its_band_and_says_so():
     last.per_rank = [{n: v + 1.0 for n, v in nudge.items()}] * s.world_size  # beyond it
     with pytest.raises(ConformanceError, match=r"^straight-through check .*after optimizer step 2"):
         check_records(s, "meta", anchored, records, straight_through=drifted)
+
+
+def test_one_step_under_a_derived_bound_implies_the_straight_through_check():
+    """A declared reduce_dtype over three micro-batches, one step: both oracles start from
+    construction, so the band (narrower than the bound where shares cancel) judges nothing new."""
+    from conformance.semantics import with_reduce_dtype
+
+    s = scenario("ddp/reduce-fp16-large-accumulated/mlp/w2/fp32")
+    sem = with_reduce_dtype(TORCH_DDP, s)
+    records = _records(baseline.compute(s, sem))
+    anchored, straight = baseline.oracles(s, sem, records)
+    checked = check_records(s, "meta", anchored, records, semantics=sem, straight_through=straight)
+    assert checked.details["oracle"]["kind"] == "derived-bound"
+    assert checked.details["oracle"]["straight_through"].startswith("implied: one step")
