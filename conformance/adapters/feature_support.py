@@ -27,6 +27,7 @@ import functools
 
 from conformance.adapters.protocol import owned
 from conformance.features import Features
+from conformance.oracle.buffers import rule as buffer_rule
 from conformance.semantics import Buffers, Precision, declared
 
 
@@ -67,6 +68,7 @@ def unsupported(adapter, scenario) -> str | None:
     if sem.precision != Precision.PARAMS and scenario.dtype in ("float16", "bfloat16"):
         return (f"the production-training oracle does not model the declared precision '{sem.precision.value}' "
                 "(fp32 master weights) yet")
-    if sem.buffers == Buffers.CONSTRUCTION_ONLY and has_buffers(scenario):
-        return f"the production-training oracle does not model the declared buffer rule '{sem.buffers.value}' yet"
+    if buffer_rule(scenario, sem) == Buffers.CONSTRUCTION_ONLY and has_buffers(scenario):
+        return (f"the production-training oracle does not model the buffer rule '{Buffers.CONSTRUCTION_ONLY.value}' "
+                "yet (declared, or a broadcast after backward turned off by broadcast_buffers=False)")
     return None

@@ -134,10 +134,10 @@ class _FeatureReplay:
         self.clip = ClipBound(feats.clip, opt) if opt is not None and clip_applies(scenario, semantics, feats) else None
 
     def _refuse_unmodelled(self) -> None:
-        scenario, semantics, feats, model = self.scenario, self.semantics, self.feats, self.model
+        scenario, feats, model = self.scenario, self.feats, self.model
         if self.buffer_rule == Buffers.CONSTRUCTION_ONLY and list(model.buffers()):
             raise ValueError(f"scenario {scenario.id}: the production-training oracle does not model the buffer rule "
-                             f"{semantics.buffers.value!r} (the model has buffers)")
+                             f"{self.buffer_rule.value!r} (the model has buffers)")
         if feats.join and list(model.buffers()):
             raise ValueError(f"scenario {scenario.id}: join scenarios use buffer-free models (the buffer source moves)")
         if scenario.micro_batches > 1 and feats.join:

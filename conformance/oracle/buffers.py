@@ -19,6 +19,12 @@ torch DDP's own rule depends on two things the replay must follow (torch 2.13,
   differ per rank until the next step's first forward).
 
 refimpl's wrapper follows both (``refimpl/ddp/wrapper.py``: ``_sync_buffers_this_forward``).
+
+An engine that declares its buffers broadcast after backward reads the option as that broadcast's
+switch: pytorch-pfn-extras' ``DistributedDataParallel`` syncs parameters and buffers in its
+constructor whatever it is given and broadcasts buffers after backward only
+``if self._broadcast_buffers`` (``pytorch_pfn_extras/nn/parallel/distributed.py``), so off it is
+`Buffers.CONSTRUCTION_ONLY`.
 """
 
 from __future__ import annotations
@@ -27,12 +33,16 @@ from conformance.semantics import Buffers
 
 
 def rule(scenario, semantics) -> Buffers:
-    """The buffer rule the oracle replays: the declared one; torch DDP's with broadcasting off
-    (``broadcast_buffers=False``) is `Buffers.NEVER` (no sync at construction or before forward)."""
+    """The buffer rule the oracle replays: the declared one, with ``broadcast_buffers=False`` turning
+    its broadcasts off (torch DDP's: `Buffers.NEVER`, not even at construction; one after backward:
+    `Buffers.CONSTRUCTION_ONLY`)."""
     declared = semantics.buffers
-    if declared == Buffers.BEFORE_FORWARD and not scenario.options.broadcast_buffers:
-        return Buffers.NEVER
-    return declared
+    if scenario.options.broadcast_buffers:
+        return declared
+    return _OFF.get(declared, declared)
+
+
+_OFF = {Buffers.BEFORE_FORWARD: Buffers.NEVER, Buffers.AFTER_BACKWARD: Buffers.CONSTRUCTION_ONLY}
 
 
 def broadcasts(micro: int) -> bool:
@@ -45,8 +55,10 @@ def broadcasts(micro: int) -> bool:
 def describe(scenario, semantics) -> str:
     """The rule in words, as failure messages name it."""
     effective = rule(scenario, semantics)
-    if effective != semantics.buffers:
+    if effective == Buffers.NEVER and semantics.buffers != Buffers.NEVER:
         return "broadcast_buffers=False: buffers never synchronized (not at construction either), each rank its own"
+    if effective != semantics.buffers:
+        return "broadcast_buffers=False: rank 0's buffers at construction, then each rank its own"
     return _WORDS[effective]
 
 

@@ -48,8 +48,8 @@ def _equal(a: dict, b: dict) -> bool:
 def test_rule_reads_broadcast_buffers():
     assert rule.rule(_scenario(options=OFF), TORCH_DDP) == Buffers.NEVER
     assert rule.rule(_scenario(), TORCH_DDP) == Buffers.BEFORE_FORWARD
-    after = Semantics(buffers=Buffers.AFTER_BACKWARD)
-    assert rule.rule(_scenario(options=OFF), after) == Buffers.AFTER_BACKWARD, "a declared rule stays declared"
+    own = Semantics(buffers=Buffers.CONSTRUCTION_ONLY)
+    assert rule.rule(_scenario(options=OFF), own) == Buffers.CONSTRUCTION_ONLY, "no broadcast to turn off"
     assert "broadcast_buffers=False" in rule.describe(_scenario(options=OFF), TORCH_DDP)
     assert [rule.broadcasts(m) for m in range(3)] == [True, False, False]
 
@@ -85,3 +85,16 @@ def test_production_loop_models_both():
         step = next(e for e in b.events if e.kind == "step")
         for r in (0, 1):
             assert _equal(step.buffers[r], _by_hand(s, r, start_rank=start, broadcast_first=True)), (s.id, r)
+
+
+def test_a_broadcast_after_backward_turned_off_is_construction_only():
+    """pytorch-pfn-extras syncs buffers in its constructor and broadcasts after backward only when
+    asked: off, each rank starts from rank 0's buffers and keeps its own updates (plain loop)."""
+    after = Semantics(buffers=Buffers.AFTER_BACKWARD)
+    s = _scenario(options=OFF)
+    assert rule.rule(s, after) == Buffers.CONSTRUCTION_ONLY
+    step = next(e for e in baseline.compute(s, after).events if e.kind == "step")
+    for r in (0, 1):
+        assert _equal(step.buffers[r], _by_hand(s, r, start_rank=0, broadcast_first=True))
+    on = next(e for e in baseline.compute(_scenario(), after).events if e.kind == "step")
+    assert _equal(on.buffers[1], on.buffers[0]), "on: rank 0's buffers broadcast after backward"
