@@ -322,8 +322,12 @@ def _bound(grads, reference, divisor, tol) -> Envelope:
     center = sequential(exact)
     magnitude = sequential([x.abs() for x in exact])
     slack = 4 * n * 2.0**-53  # the float64 centre's own rounding
-    radius = (gamma(m, u) + slack) * magnitude + m * n * eta
-    formula = f"|ŝ-s| <= γ_{m}·Σ|x_i| + {m}·{n}·η, γ_{m} = {m}u/(1-{m}u), u = 2^{int(math.log2(u))} ({sum_dtype})"
+    # A division by a power of two is exact (no γ term) unless its quotient underflows into the
+    # subnormals: one more η per share (join: a single active share of 2**-24 in fp16, halved, is 0).
+    m_eta = m + (1 if divisor > 1 and scaling == 0 else 0)
+    radius = (gamma(m, u) + slack) * magnitude + m_eta * n * eta
+    formula = (f"|ŝ-s| <= γ_{m}·Σ|x_i| + {m_eta}·{n}·η, γ_{m} = {m}u/(1-{m}u), u = 2^{int(math.log2(u))} "
+               f"({sum_dtype})")
     return Envelope(reference, "derived-bound", formula, center=center, radius=radius, magnitude=magnitude, unit=u)
 
 

@@ -131,3 +131,13 @@ def test_beyond_four_ranks_ring_orders_and_the_derived_bound():
     pairwise = ((shares[0] + shares[1]) + (shares[2] + shares[3])) + (shares[4] + shares[5])
     assert env.accepts(pairwise).all()  # a tree order, inside the derived bound
     assert not env.accepts(env.reference * 0.999).all()
+
+
+def test_a_power_of_two_division_that_underflows_is_within_the_derived_bound():
+    """join(): one active rank of two, its fp16 share halved. 2**-24 / 2 rounds to 0 in fp16 (the
+    smallest subnormal halved), so an exact division is exact only above the subnormals."""
+    g = torch.tensor([2.0**-24, 3 * 2.0**-24, 1.0], dtype=torch.float16)
+    env = reduce([g], 2, derived_bound("float16", 2))
+    engine = g / 2  # fp16: [0, 2**-23 (ties to even), 0.5]
+    assert engine[0] == 0 and env.accepts(engine).all()
+    assert not env.accepts(torch.tensor([2.0**-23, 2.0**-23, 0.5], dtype=torch.float16)).all()
