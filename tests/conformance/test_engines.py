@@ -82,3 +82,18 @@ def test_deepspeed_zero2_on_the_realistic_models(session, scenario_id):
         assert any(w in result.message for w in ("Received data size", "Connection reset")), result.message
     else:
         assert result.verdict == "passed", result.message
+
+
+@pytest.mark.parametrize("supported", [False, True])
+def test_deepspeed_fp16_on_a_cpu_without_onednn_fp16_is_a_skip_saying_so(monkeypatch, supported):
+    """DeepSpeed's CPU accelerator raises at initialize for fp16 where oneDNN has no fp16 (a machine's
+    property): the case is skipped with that reason, never run into a false failure; elsewhere it runs."""
+    from conformance.adapters.engines import deepspeed
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: supported, raising=False)
+    fp16, fp32 = ddp.make("plain", "mlp").with_(dtype="float16"), ddp.make("plain", "mlp")
+    why = deepspeed.fp16_refused_here(fp16)
+    assert (why is None) == supported and deepspeed.fp16_refused_here(fp32) is None
+    if not supported:
+        assert "Type fp16 is not supported on your device" in why

@@ -56,6 +56,25 @@ UNSUPPORTED = {
 
 
 HALF = ("float16", "bfloat16")
+
+
+def fp16_refused_here(scenario) -> str | None:
+    """DeepSpeed's CPU accelerator refuses an fp16 config at initialize ("Type fp16 is not supported on
+    your device": engine.py _do_sanity_check) where oneDNN has no fp16 kernels on this CPU
+    (cpu_accelerator.is_fp16_supported: torch.ops.mkldnn._is_mkldnn_fp16_supported()). That is this
+    machine, not the engine's semantics: the case cannot run here, said as a skip, never a failure."""
+    if scenario.dtype != "float16" or scenario.device != "cpu":
+        return None
+    if os.environ.get("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "") != "cpu":
+        return None  # DeepSpeed picks the CUDA accelerator: fp16 is supported
+    try:
+        supported = bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        supported = False  # as DeepSpeed: no such op, no fp16
+    if supported:
+        return None
+    return ("DeepSpeed's CPU accelerator refuses fp16 on this CPU (oneDNN without fp16: "
+            "cpu_accelerator.is_fp16_supported, engine.py _do_sanity_check raises 'Type fp16 is not supported on your device')")
 MEAN_SOURCE = ("DeepSpeed engine.backward: with gradient_accumulation_steps > 1 the loss is divided by "
                "gradient_accumulation_steps before backward (scale_wrt_gas=True); engine.step() steps at the "
                "accumulation boundary only")
@@ -262,6 +281,9 @@ class DeepSpeedAdapter:
     def unavailable(self, scenario) -> str | None:
         if self._why:
             return self._why
+        why = fp16_refused_here(scenario)
+        if why:
+            return why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
         if engine_loop(self.stage, scenario.dtype, driven_micro_batches(scenario)):

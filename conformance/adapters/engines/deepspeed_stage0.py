@@ -38,6 +38,7 @@ from conformance.adapters.engines.deepspeed import (
     _cpu,
     clipped,
     engine_loop_limits,
+    fp16_refused_here,
     initialize,
     load_engine_checkpoint,
     precision_config,
@@ -132,6 +133,9 @@ class DeepSpeedStage0Adapter:
     def unavailable(self, scenario) -> str | None:
         if self._why:
             return self._why
+        why = fp16_refused_here(scenario)
+        if why:
+            return why
         if scenario.optimizer == "none":
             return "DeepSpeed's engine needs an optimizer"
         why = engine_loop_limits(scenario)
