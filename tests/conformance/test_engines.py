@@ -97,3 +97,17 @@ def test_deepspeed_fp16_on_a_cpu_without_onednn_fp16_is_a_skip_saying_so(monkeyp
     assert (why is None) == supported and deepspeed.fp16_refused_here(fp32) is None
     if not supported:
         assert "Type fp16 is not supported on your device" in why
+
+
+def test_deepspeed_scaling_the_loss_is_a_skip_for_a_model_whose_backward_is_not_linear_in_it():
+    """DeepSpeed divides the loss by gradient_accumulation_steps (fp16: multiplies it by the loss scale)
+    before backward; the MoE's aux loss gets a fixed gradient, so that scale misses it and the oracle's
+    per-gradient scaling is not the engine's: a skip that says so (it was a false failure), while one
+    micro-batch in fp32, and the MLP with two, still run."""
+    from conformance.adapters.engines.deepspeed import engine_loop_limits
+
+    moe = ddp.make("no-sync", "moe").with_(micro_batches=2)
+    assert moe.micro_batches > 1 and "aux loss gets a fixed gradient" in engine_loop_limits(moe)
+    assert "aux loss" in engine_loop_limits(moe.with_(micro_batches=1, dtype="float16"))
+    assert engine_loop_limits(moe.with_(micro_batches=1)) is None
+    assert engine_loop_limits(ddp.make("plain", "mlp").with_(micro_batches=2)) is None

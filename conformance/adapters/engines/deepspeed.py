@@ -328,6 +328,14 @@ def precision_config(dtype: str) -> dict:
     return {"bf16": {"enabled": dtype == "bfloat16"}, "fp16": fp16}
 
 
+# Models whose backward is not linear in the loss: a scale put on the loss before backward does not
+# reach every gradient (why, per model).
+FIXED_GRADIENT_TERMS = {
+    "moe": "the MoE's aux loss gets a fixed gradient in backward (models/moe.py AuxLossScaler, Megatron's "
+           "auto-scaler: an engine that scales the loss sets its scale), so it is not divided with the loss",
+}
+
+
 def engine_loop_limits(scenario) -> str | None:
     """What the oracle cannot judge bitwise in DeepSpeed's own loop (a reason to skip), or None."""
     switches = scenario.kwargs()
@@ -339,6 +347,10 @@ def engine_loop_limits(scenario) -> str | None:
     if mb & (mb - 1):
         return (f"{mb} micro-batches: DeepSpeed divides the loss by gradient_accumulation_steps before backward, "
                 "the oracle divides each gradient; the same bits only for powers of two")
+    why = FIXED_GRADIENT_TERMS.get(scenario.model)
+    if why and (mb > 1 or scenario.dtype == "float16"):
+        return ("DeepSpeed scales the loss before backward (divided by gradient_accumulation_steps, times fp16's loss "
+                f"scale), the oracle scales each gradient: the same only where backward is linear in the loss; {why}")
     if scenario.zero_grad == "alternate":
         return "engine.step() clears the gradients itself: zero_grad(set_to_none=False) has no engine equivalent"
     return None
