@@ -84,6 +84,10 @@ def render(reports: list[dict], timings: dict | None = None) -> str:
         for deviation in a.get("semantics") or []:
             sources = "; ".join(a.get("semantics_sources") or []) or "no source cited"
             lines.append(f"- **{spec}** — declared: {deviation} — checked exactly by the oracle; source: {sources}")
+    # Sections the run's provenance file adds (e.g. what a later change to the suite added to the
+    # expectations, and how it was verified): title -> one line each.
+    for title, items in (timings or {}).get("sections", {}).items():
+        lines += ["", f"## {title}", ""] + [f"- {item}" for item in items]
     lines += ["", "## Not runnable on CPU here", ""]
     lines += [f"- {name}: {why}" for name, why in NOT_RUNNABLE]
     lines += ["- GPU: no GPU machine was available for this run; the engine adapters accept `--device cuda` "
@@ -94,7 +98,8 @@ def render(reports: list[dict], timings: dict | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", help="gradparity.json files")
-    parser.add_argument("--timings", help="JSON with {'command': ..., 'wall_s': {engine: seconds}}")
+    parser.add_argument("--timings", help="JSON with {'command': ..., 'wall_s': {engine: seconds}}, optionally "
+                                              "'notes': [line] and 'sections': {title: [line]}")
     args = parser.parse_args(argv)
     try:
         reports = [json.load(open(p)) for p in args.reports]  # noqa: SIM115
