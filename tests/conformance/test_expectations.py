@@ -48,7 +48,11 @@ def test_powersgds_collective_order_race_is_listed_as_intermittent_and_ending_th
     reason = entries["torch-ddp-powersgd|ddp/autocast-unused/branches/w2/fp32"]
     assert markers(reason) == {ENDS_WORLD, INTERMITTENT}
     assert "find_unused_parameters" in reason and "Received data size" in reason
-    # the other entries of the file stay strict, except the same race found again (issue 39's MoE)
-    others = [r for case, r in entries.items() if "autocast-unused" not in case and "as ddp/autocast-unused" not in r]
+    # the other entries of the file stay strict, except the same race found again (issue 39's MoE) and
+    # the two-bucket hang, whose deferred callbacks depend on timing too (issue 38)
+    hangs = [r for r in entries.values() if "powersgd-two-buckets-gloo-threads.md" in r]
+    assert len(hangs) == 2 and all(markers(r) == {ENDS_WORLD, INTERMITTENT} for r in hangs)
+    others = [r for case, r in entries.items()
+              if "autocast-unused" not in case and "as ddp/autocast-unused" not in r and r not in hangs]
     assert others and not any(intermittent(r) for r in others)
     assert os.path.basename(builtin_xfails("torch-ddp-powersgd")) == "torch-ddp-powersgd.txt"
