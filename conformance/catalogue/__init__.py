@@ -24,8 +24,14 @@ def _ddp_full_generated() -> list[Scenario]:
     return ddp.full_generated()
 
 
+def _sharded_full_generated() -> list[Scenario]:
+    from conformance.catalogue import sharded
+
+    return sharded.full_generated()
+
+
 # The generated full profile of an area (`conformance.space.profiles`): built only when selected.
-GENERATED: dict[str, Callable[[], list[Scenario]]] = {"ddp": _ddp_full_generated}
+GENERATED: dict[str, Callable[[], list[Scenario]]] = {"ddp": _ddp_full_generated, "sharded": _sharded_full_generated}
 
 
 @functools.cache

@@ -45,7 +45,7 @@ def handwritten(area: str = "ddp") -> list[Scenario]:
     m = lambda *a, **k: make(*a, area=area, **k)  # noqa: E731
     out = [*_basics(m), *_bucketing(m), *_unused_parameters(m), *_no_sync(m), *_model_structure(m), *_data(m),
            *_precision_and_compression(m)]
-    if area == "ddp":
+    if area in ("ddp", "sharded"):
         # The generated pairwise array covers the base list's standard variants (another world
         # size, model or bucket cap of a quick scenario): those that vary one thing move to full;
         # the quick ones, the upstream regressions and the composed ones (`composed`) stay pinned

@@ -54,7 +54,8 @@ def applies(s: Scenario) -> bool:
     return not (o.comm_hook or o.reduce_dtype or o.gradient_as_bucket_view or o.static_graph or C.SPARSE in s.requires)
 
 
-def scenarios() -> list[Scenario]:
+def handwritten() -> list[Scenario]:
+    """The hand-written sharded scenarios: the DDP catalogue's that apply, and the sharded families."""
     out = []
     for s in ddp.scenarios(area="sharded"):
         if not applies(s):
@@ -79,6 +80,24 @@ def scenarios() -> list[Scenario]:
 
     return (out + fsdp_depth_scenarios() + accumulation_and_usage_scenarios() + sharded_families.scenarios()
             + sharded_precision.scenarios() + sharded_clip.scenarios() + sharded_hsdp.scenarios())
+
+
+def scenarios() -> list[Scenario]:
+    """The hand-written scenarios (pinned) and the covering arrays generated from the area's space
+    around them (`conformance.space.sharded`, issue 38)."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    return pinned + generated("sharded", pinned)
+
+
+def full_generated() -> list[Scenario]:
+    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    have = {s.id for s in generated("sharded", pinned)}
+    return [s for s in generated("sharded", pinned, full=True) if s.id not in have]
 
 
 # -- issue 26: the dimensions FSDP2's own tests cover --------------------------------------------

@@ -18,6 +18,11 @@ applies what the feature does to the averaged gradients:
   sharded area the global norm is summed over shards in the engine's order: the clipped step's
   parameters are judged against the bound derived for that (`conformance.oracle.clip_bound`).
 - freeze: the same requires_grad schedule; frozen parameters have no gradient.
+- a sharded engine's mixed-precision policy: each rank's forward and backward in param_dtype from
+  the cast masters, its gradient cast to reduce_dtype (or, declared, its no_sync() sum kept in
+  param_dtype until the reduction), reduced, cast back to the masters' dtype, as the plain oracle
+  does (`conformance.oracle.baseline_mixed`); clipping and a state-dict round trip then act on
+  fp32 gradients and masters, as they do in the engine.
 - checkpointed models run without checkpointing; compile and checkpoint round trips do not
   change the expected values at all (training straight through, eagerly, is the reference).
 """
@@ -35,6 +40,7 @@ from conformance.features import (
     optimizer,
 )
 from conformance.models.data import build_model, model_loss
+from conformance.oracle import baseline_mixed
 from conformance.oracle import buffers as buffer_rule
 from conformance.oracle.accumulation import add_grad, reduced_per_micro_batch
 from conformance.oracle.anchor import load_params
@@ -49,6 +55,7 @@ from conformance.semantics import (
     Buffers,
     ConstructionSync,
     MidAccumulation,
+    MixedAccumulation,
     Semantics,
     Unused,
 )
@@ -101,6 +108,8 @@ class _FeatureReplay:
         M = self.M = scenario.micro_batches
         self.mean = semantics.accumulation == Accumulation.MEAN and M > 1
         self.reduced_each = semantics.mid_accumulation == MidAccumulation.REDUCED and M > 1
+        # A mixed-precision policy's no_sync() sum declared kept in param_dtype (cast at the reduction).
+        self.low_sum = baseline_mixed.applies(scenario) and semantics.mixed_accumulation == MixedAccumulation.PARAM_DTYPE
         self.opt = optimizer(scenario, feats, [p for p in model.parameters() if p.requires_grad])
         device_type = torch.device(scenario.device).type
         self.scaler = torch.amp.GradScaler(device_type, init_scale=feats.init_scale) if feats.grad_scaler else None
@@ -206,11 +215,15 @@ class _FeatureReplay:
             accumulated = {n: None for n, _ in named}
             for micro in range(M):
                 x = inputs(scenario, feats, rank=rank, step=step, micro=micro, device=scenario.device)
+                fwd, fwd_params = baseline_mixed.compute_module(model, params, scenario)  # policy: cast masters
                 with autocast(feats, scenario.device), self.streams.forward(rank, step, micro):
-                    loss = model_loss(model, scenario.model, x, rank=rank, micro=micro)
+                    loss = model_loss(fwd, scenario.model, x, rank=rank, micro=micro)
                 if self.scaler is not None:
                     loss = self.scaler.scale(loss)
-                grads = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
+                grads = (torch.autograd.grad(loss, fwd_params, allow_unused=True) if loss.requires_grad
+                         else [None] * len(params))
+                if not self.low_sum:  # a policy's gradient enters the reduction in reduce_dtype
+                    grads = [baseline_mixed.to_reduce_dtype(dense(g), scenario) for g in grads]
                 share = {name: dense(g) / M if self.mean and g is not None else dense(g)
                          for (name, _), g in zip(named, grads, strict=True)}
                 shares[micro].append(share)
@@ -240,7 +253,11 @@ class _FeatureReplay:
         elif self.reduced_each:
             total = reduced_per_micro_batch(shares, len(active), rule)
         else:
+            if self.low_sum:  # declared: the param_dtype sum is cast to reduce_dtype only now
+                local = {n: [baseline_mixed.to_reduce_dtype(g, self.scenario) for g in local[n]] for n, _ in named}
             total = {n: reduce(local[n], divisor, rule) for n, _ in named}
+        if baseline_mixed.applies(self.scenario):  # the reduced gradient cast back to the masters' dtype
+            total = {n: baseline_mixed.to_master_dtype(total[n], p.dtype) for n, p in named}
         if self.semantics.unused == Unused.ZEROS:
             total = {n: torch.zeros_like(p) if total[n] is None else total[n] for n, p in named}
         return total

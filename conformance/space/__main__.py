@@ -3,6 +3,9 @@
 import sys
 
 from conformance.catalogue import ddp as ddp_catalogue
+from conformance.catalogue import sharded as sharded_catalogue
 from conformance.space.profiles import write_store
 
-write_store("ddp", ddp_catalogue.handwritten(), sys.argv[1:] or ("quick", "standard"))
+profiles = sys.argv[1:] or ("quick", "standard")
+write_store("ddp", ddp_catalogue.handwritten(), profiles)
+write_store("sharded", sharded_catalogue.handwritten(), profiles)

@@ -4,6 +4,10 @@
 - `full`: every allowed triple (strength 3), world size 8 added;
 - `quick`: every allowed pair of the dimensions in `QUICK_CORE`, the others at their defaults,
   at most `QUICK_BUDGET` rows.
+An area whose engines differ in the options they offer (sharded: meshes, units, placement ...)
+names a `portable` subspace every engine runs; `standard` then also covers every pair of that
+subspace in rows of its own, so an engine without those options still meets every pair of the
+rest (the pairwise array alone may put a pair only into rows it skips).
 The hand-written catalogue stays pinned (upstream regressions keep their names): its scenarios
 are read as rows (`project`) and count as covering first, so the generator only adds rows for
 the pairs they leave out.
@@ -22,10 +26,10 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.space import ddp, ddp_rows
+from conformance.space import ddp, ddp_rows, sharded, sharded_rows
 from conformance.space.covering import Dimension, Space, generate
 from conformance.spec import Scenario
 
@@ -44,19 +48,28 @@ class AreaSpace:
     project: Callable[[Scenario], dict | None]
     quick_core: tuple[str, ...]
     full_values: dict
+    # dimension -> the values every engine of the area runs (None: the default only); {}: no subspace
+    portable: dict = field(default_factory=dict)
 
     def space(self, profile: str = "standard") -> Space:
+        """The space a profile covers; "portable" is the subspace every engine runs."""
         dims = self.dimensions
         if profile == "full":
             dims = tuple(Dimension(d.name, self.full_values.get(d.name, d.values), d.doc) for d in dims)
         elif profile == "quick":
             dims = tuple(d if d.name in self.quick_core else Dimension(d.name, d.values[:1], d.doc) for d in dims)
+        elif profile == "portable":
+            dims = tuple(Dimension(d.name, self.portable[d.name] or d.values[:1], d.doc) if d.name in self.portable
+                         else d for d in dims)
         return Space(dims, self.constraints)
 
 
 AREAS: dict[str, AreaSpace] = {
     "ddp": AreaSpace("ddp", ddp.DIMENSIONS, ddp.CONSTRAINTS, ddp_rows.scenario, ddp_rows.project,
                      quick_core=("data", "broadcast_buffers", "bucket_view"), full_values=ddp.FULL_VALUES),
+    "sharded": AreaSpace("sharded", sharded.DIMENSIONS, sharded.CONSTRAINTS, sharded_rows.scenario,
+                         sharded_rows.project, quick_core=("clip",), full_values=sharded.FULL_VALUES,
+                         portable=sharded.PORTABLE),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
 TAG = {"quick": "core", "standard": "pairs", "full": "triples"}
@@ -77,17 +90,36 @@ def pinned_rows(area: str, pinned: Iterable[Scenario], profile: str) -> list[dic
     return [r for r in rows if r is not None and all(r[k] in allowed[k] for k in allowed)]
 
 
+def key_of(area: str, profile: str, pinned: list[dict]) -> str:
+    """The fingerprint a profile's stored rows must carry (the portable subspace's too, in standard)."""
+    a, strength = AREAS[area], STRENGTH[profile]
+    key = fingerprint(a.space(profile), strength, pinned)
+    if profile == "standard" and a.portable:
+        key += "+" + fingerprint(a.space("portable"), strength, pinned)
+    return key
+
+
+def fresh_rows(area: str, profile: str, pinned: list[dict]) -> list[dict]:
+    """Generate a profile's rows; standard adds rows for the portable subspace's pairs that the
+    pinned and generated rows inside it leave uncovered."""
+    a, strength = AREAS[area], STRENGTH[profile]
+    rows = generate(a.space(profile), strength, pinned=pinned)
+    if profile == "standard" and a.portable:
+        inside = a.space("portable")
+        allowed = {d.name: {repr(v) for v in d.values} for d in inside.dimensions}
+        within = [r for r in (*pinned, *rows) if all(repr(r[k]) in allowed[k] for k in allowed)]
+        rows += generate(inside, strength, pinned=within)
+    return rows
+
+
 def rows_for(area: str, profile: str, pinned: list[dict]) -> list[dict]:
     """The generated rows (stored ones when their fingerprint matches)."""
-    space = AREAS[area].space(profile)
-    strength = STRENGTH[profile]
-    key = fingerprint(space, strength, pinned)
     path = STORE / f"{area}-{profile}.json"
     if path.exists():
         stored = json.loads(path.read_text())
-        if stored.get("fingerprint") == key:
+        if stored.get("fingerprint") == key_of(area, profile, pinned):
             return stored["rows"]
-    rows = generate(space, strength, pinned=pinned)
+    rows = fresh_rows(area, profile, pinned)
     if profile == "quick" and len(rows) > QUICK_BUDGET:
         raise RuntimeError(f"{area} quick: {len(rows)} rows cover the core pairs, over the budget of {QUICK_BUDGET}")
     return rows
@@ -122,9 +154,8 @@ def write_store(area: str, pinned: list[Scenario], profiles: Iterable[str] = ("q
     STORE.mkdir(exist_ok=True)
     for profile in profiles:
         rows = pinned_rows(area, pinned, profile)
-        space = AREAS[area].space(profile)
-        fresh = generate(space, STRENGTH[profile], pinned=rows)
+        fresh = fresh_rows(area, profile, rows)
         data = {"area": area, "profile": profile, "strength": STRENGTH[profile],
-                "fingerprint": fingerprint(space, STRENGTH[profile], rows), "rows": fresh}
+                "fingerprint": key_of(area, profile, rows), "rows": fresh}
         (STORE / f"{area}-{profile}.json").write_text(json.dumps(data, indent=0) + "\n")
         print(f"{area} {profile}: {len(fresh)} rows", file=sys.stderr)
