@@ -49,11 +49,13 @@ def pairs(area: str, profile: str, scenarios: Iterable[Scenario],
     says which of them run. The quick profile is measured against standard's pairs."""
     possible, n_excluded = _allowed(area, profile)
     project = AREAS[area].project
+    names = [d.name for d in AREAS[area].dimensions]
     held: dict[tuple, str] = {}  # pair -> "" when some running scenario holds it, else the first skip reason
     for s in scenarios:
         row = project(s)
         if row is None:
             continue
+        row = {name: row[name] for name in names}  # the space's order, as the possible pairs are keyed
         why = skip(s)
         for a, b in itertools.combinations(row.items(), 2):
             key = (_key(a), _key(b))

@@ -150,7 +150,7 @@ def project(s: Scenario) -> dict | None:
         "shards": "uneven" if s.shard_sizes and len(set(s.shard_sizes)) > 1 else "even",
     }
     allowed = {d.name: d.values for d in DIMENSIONS}
-    return row if all(row[k] in allowed[k] for k in allowed) else None
+    return {k: row[k] for k in allowed} if all(row[k] in allowed[k] for k in allowed) else None
 
 
 def _state_dict(feats: dict) -> str | None:

@@ -1,0 +1,110 @@
+"""The sharded space: its generated profiles cover every allowed pair (and every pair of the portable
+subspace in rows every engine runs), keep every constraint, and read back."""
+
+import json
+
+import pytest
+
+from conformance.catalogue import select
+from conformance.catalogue import sharded as sharded_catalogue
+from conformance.space import profiles
+from conformance.space.covering import Space, generate, uncovered, violations
+from conformance.space.sharded import CONSTRAINTS, DIMENSIONS, LEFT_OUT
+from conformance.space.sharded_rows import DEFAULTS, project, scenario
+from conformance.spec import Capability as C
+
+SPACE = Space(DIMENSIONS, CONSTRAINTS)
+ZERO2 = frozenset({C.NO_SYNC, C.FIND_UNUSED, C.BUCKET_CAP, C.BUFFER_BROADCAST, C.HALF_PRECISION, C.STATE_DICT})
+
+
+@pytest.fixture(scope="module")
+def standard():
+    return select(area="sharded", profile="standard")
+
+
+def test_standard_covers_every_allowed_pair(standard):
+    rows = [r for r in map(project, standard) if r is not None]
+    assert uncovered(SPACE, rows, 2) == []
+
+
+def test_an_engine_without_the_engine_options_meets_every_portable_pair(standard):
+    # refimpl's ZeRO-2 offers no mesh, units, reshard, placement or policy: the rows it runs alone
+    # still hold every pair of the other dimensions (parameter dtypes x data, clip, state dicts ...).
+    runs = [r for s in standard if s.requires <= ZERO2 and (r := project(s)) is not None]
+    assert uncovered(profiles.AREAS["sharded"].space("portable"), runs, 2) == []
+    assert any(r["precision"] == "fp16" and r["data"] == "large" for r in runs)
+
+
+def test_generated_rows_keep_every_constraint(standard):
+    generated = [project(s) for s in standard if "/pairs/" in s.id or "/core/" in s.id]
+    assert generated and None not in generated
+    assert violations(SPACE, generated) == []
+
+
+def test_a_row_reads_back_and_its_id_says_its_values():
+    row = dict(DEFAULTS, model="uneven", world=4, mesh="hsdp", precision="mp-fp32", clip="below", data="cont")
+    s = scenario(row, frozenset({"standard", "full"}))
+    assert project(s) == row
+    assert s.id == "sharded/pairs/uneven/w4/mp-fp32/mesh-hsdp+data-cont+clip-below"
+    assert s.options.hsdp_replicas == 2 and s.options.param_dtype == "bfloat16" and s.options.reduce_dtype == "float32"
+    assert {C.HSDP, C.MIXED_PRECISION} <= s.requires
+    assert dict(s.features)["clip"] < 1 and {"S19", "S22", "S3"} <= set(s.clauses)
+    assert s.tolerance.divide == ("pre", "post", "split") and s.tolerance.straight_through is not None
+
+
+def test_state_dict_rows_round_trip_when_they_say():
+    once = scenario(dict(DEFAULTS, state_dict="full"), frozenset({"full"}))
+    twice = scenario(dict(DEFAULTS, state_dict="sharded-twice"), frozenset({"full"}))
+    assert dict(once.features) == {"save_load_at": 2, "state_dict": "full"} and once.steps == 3
+    assert dict(twice.features) == {"save_load_at": (2, 4), "state_dict": "sharded"} and twice.steps == 5
+    assert C.STATE_DICT in once.requires and project(twice)["state_dict"] == "sharded-twice"
+
+
+def test_hand_written_families_count_as_rows():
+    pinned = {s.id: s for s in sharded_catalogue.handwritten()}
+    row = project(pinned["sharded/shard-placement/mlp/w4/fp32"])
+    assert (row["model"], row["units"], row["placement"]) == ("uneven", "children", "dim1")
+    assert project(pinned["sharded/hsdp-2x2-rs-accumulate/mlp/w4/fp32"])["accumulation"] == "rs-2"
+    assert project(pinned["sharded/no-sync-split/mlp/w2/fp32"]) is None  # a loop switch outside the space
+
+
+def test_every_value_left_out_says_why():
+    assert LEFT_OUT and all(reason for reason in LEFT_OUT.values())
+    assert all(c.reason and c.name for c in CONSTRAINTS)
+
+
+@pytest.mark.parametrize("profile", ["quick", "standard"])
+def test_the_stored_arrays_are_current(profile):
+    # A stale file would be ignored (fingerprint), costing a second at every start: regenerate it
+    # with `python -m conformance.space`. This also catches a changed predicate under an old name.
+    stored = json.loads((profiles.STORE / f"sharded-{profile}.json").read_text())
+    pinned = profiles.pinned_rows("sharded", sharded_catalogue.handwritten(), profile)
+    assert stored["fingerprint"] == profiles.key_of("sharded", profile, pinned)
+    assert stored["rows"] == profiles.fresh_rows("sharded", profile, pinned)
+
+
+def test_quick_covers_its_core_pairs_within_its_budget():
+    quick = select(area="sharded", profile="quick")
+    space = profiles.AREAS["sharded"].space("quick")
+    core = [r for r in map(project, quick) if r is not None and all(r[d.name] in d.values for d in space.dimensions)]
+    assert uncovered(space, core, 2) == []
+    assert sum("/core/" in s.id for s in quick) <= profiles.QUICK_BUDGET
+
+
+def test_generation_is_deterministic():
+    pinned = profiles.pinned_rows("sharded", sharded_catalogue.handwritten(), "standard")
+    space = profiles.AREAS["sharded"].space("portable")
+    assert generate(space, 2, pinned=pinned[:5]) == generate(space, 2, pinned=pinned[:5])
+
+
+def test_pairs_an_engine_skips_are_uncovered_with_its_capability(standard):
+    from conformance.space import coverage
+
+    def skip(s):
+        return "" if s.requires <= ZERO2 else "lacks " + ", ".join(sorted(c.value for c in s.requires - ZERO2))
+
+    zero2 = coverage.pairs("sharded", "standard", standard, skip)
+    assert 0 < zero2.covered < zero2.possible
+    assert all(why.startswith("lacks ") for _, why in zero2.uncovered)  # never "no scenario holds it"
+    every = coverage.pairs("sharded", "standard", standard)
+    assert every.covered == every.possible and every.excluded > 0
