@@ -20,12 +20,17 @@ from torch import Tensor
 def clip_shards_(grads: list[Tensor], max_norm: float, norm_type: float, group, device: torch.device) -> Tensor:
     """Scale `grads` (this rank's gradient shards) in place so the global norm is at most
     `max_norm`, as `torch.nn.utils.clip_grad_norm_` would on the full gradients; returns the
-    global norm (fp32)."""
+    global norm, in fp32 or the gradients' wider dtype (fp64 gradients: an fp32 norm would
+    round their clip coefficient to fp32, where torch's stays fp64)."""
+    dtype = torch.float32
+    for g in grads:
+        dtype = torch.promote_types(dtype, g.dtype)
     if norm_type == math.inf:
-        total = torch.stack([g.abs().max().float() for g in grads]).max() if grads else torch.zeros((), device=device)
+        total = (torch.stack([g.abs().max().to(dtype) for g in grads]).max() if grads
+                 else torch.zeros((), dtype=dtype, device=device))
         dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
     else:
-        total = sum((g.float().abs().pow(norm_type).sum() for g in grads), torch.zeros((), device=device))
+        total = sum((g.to(dtype).abs().pow(norm_type).sum() for g in grads), torch.zeros((), dtype=dtype, device=device))
         dist.all_reduce(total, group=group)
         total = total.pow(1.0 / norm_type)
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
