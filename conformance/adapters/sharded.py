@@ -265,6 +265,13 @@ class RefimplZero3(RefimplSharded):
         fsdp = FullyShardedDataParallel(module, **refimpl_zero3_kwargs(module, options, ctx))
         return RefimplZero3Wrapped(fsdp, sharded_optimizer(fsdp, optimizer), options.accumulate_reduce_scattered)
 
+    def unavailable(self, scenario: Scenario) -> str | None:
+        if scenario.options.shard_placement and dict(scenario.features).get("state_dict") == "sharded":
+            # refimpl/sharded/checkpoint.py, _shards: a documented refusal with a clear error
+            return ("refimpl ZeRO-3's sharded state dict keeps the flat-chunk layout and refuses parameters a "
+                    "shard_placement_fn put on dim 1 (its full state dict takes them)")
+        return None
+
 
 # -- torch FSDP (FSDP1) -------------------------------------------------------------------------
 class FSDPWrapped:

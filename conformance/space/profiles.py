@@ -4,10 +4,11 @@
 - `full`: every allowed triple (strength 3), world size 8 added;
 - `quick`: every allowed pair of the dimensions in `QUICK_CORE`, the others at their defaults,
   at most `QUICK_BUDGET` rows.
-An area whose engines differ in the options they offer (sharded: meshes, units, placement ...)
-names a `portable` subspace every engine runs; `standard` then also covers every pair of that
-subspace in rows of its own, so an engine without those options still meets every pair of the
-rest (the pairwise array alone may put a pair only into rows it skips).
+An area whose engines differ in what they offer (sharded: meshes, units, placement ...) names
+*tiers*, each the subspace some engines run (values restricted, and constraints of their own for
+what those engines refuse); `standard` then also covers every pair of each tier in rows inside
+it, so an engine still meets every pair it can run (the pairwise array alone may put a pair only
+into rows that engine skips).
 The hand-written catalogue stays pinned (upstream regressions keep their names): its scenarios
 are read as rows (`project`) and count as covering first, so the generator only adds rows for
 the pairs they leave out.
@@ -26,11 +27,11 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.space import ddp, ddp_rows, sharded, sharded_rows
-from conformance.space.covering import Dimension, Space, generate
+from conformance.space.covering import Dimension, Space, generate, violations
 from conformance.spec import Scenario
 
 STORE = Path(__file__).parent / "generated"
@@ -48,19 +49,21 @@ class AreaSpace:
     project: Callable[[Scenario], dict | None]
     quick_core: tuple[str, ...]
     full_values: dict
-    # dimension -> the values every engine of the area runs (None: the default only); {}: no subspace
-    portable: dict = field(default_factory=dict)
+    # (who, {dimension: the values they run, None: the default only}, constraints of their own)
+    tiers: tuple = ()
 
     def space(self, profile: str = "standard") -> Space:
-        """The space a profile covers; "portable" is the subspace every engine runs."""
+        """The space a profile covers; "tier-<i>" is the subspace of `tiers[i]`."""
         dims = self.dimensions
         if profile == "full":
             dims = tuple(Dimension(d.name, self.full_values.get(d.name, d.values), d.doc) for d in dims)
         elif profile == "quick":
             dims = tuple(d if d.name in self.quick_core else Dimension(d.name, d.values[:1], d.doc) for d in dims)
-        elif profile == "portable":
-            dims = tuple(Dimension(d.name, self.portable[d.name] or d.values[:1], d.doc) if d.name in self.portable
-                         else d for d in dims)
+        elif profile.startswith("tier-"):
+            _, values, constraints = self.tiers[int(profile.removeprefix("tier-"))]
+            dims = tuple(Dimension(d.name, values[d.name] or d.values[:1], d.doc) if d.name in values else d
+                         for d in dims)
+            return Space(dims, self.constraints + tuple(constraints))
         return Space(dims, self.constraints)
 
 
@@ -69,7 +72,7 @@ AREAS: dict[str, AreaSpace] = {
                      quick_core=("data", "broadcast_buffers", "bucket_view"), full_values=ddp.FULL_VALUES),
     "sharded": AreaSpace("sharded", sharded.DIMENSIONS, sharded.CONSTRAINTS, sharded_rows.scenario,
                          sharded_rows.project, quick_core=("clip",), full_values=sharded.FULL_VALUES,
-                         portable=sharded.PORTABLE),
+                         tiers=sharded.TIERS),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
 TAG = {"quick": "core", "standard": "pairs", "full": "triples"}
@@ -91,25 +94,29 @@ def pinned_rows(area: str, pinned: Iterable[Scenario], profile: str) -> list[dic
 
 
 def key_of(area: str, profile: str, pinned: list[dict]) -> str:
-    """The fingerprint a profile's stored rows must carry (the portable subspace's too, in standard)."""
+    """The fingerprint a profile's stored rows must carry (the tiers' too, in standard)."""
     a, strength = AREAS[area], STRENGTH[profile]
     key = fingerprint(a.space(profile), strength, pinned)
-    if profile == "standard" and a.portable:
-        key += "+" + fingerprint(a.space("portable"), strength, pinned)
+    if profile == "standard":
+        key += "".join("+" + fingerprint(a.space(f"tier-{i}"), strength, pinned) for i in range(len(a.tiers)))
     return key
 
 
 def fresh_rows(area: str, profile: str, pinned: list[dict]) -> list[dict]:
-    """Generate a profile's rows; standard adds rows for the portable subspace's pairs that the
-    pinned and generated rows inside it leave uncovered."""
+    """Generate a profile's rows; standard adds rows for each tier's pairs that the pinned and
+    generated rows inside it leave uncovered."""
     a, strength = AREAS[area], STRENGTH[profile]
     rows = generate(a.space(profile), strength, pinned=pinned)
-    if profile == "standard" and a.portable:
-        inside = a.space("portable")
-        allowed = {d.name: {repr(v) for v in d.values} for d in inside.dimensions}
-        within = [r for r in (*pinned, *rows) if all(repr(r[k]) in allowed[k] for k in allowed)]
-        rows += generate(inside, strength, pinned=within)
+    for i in range(len(a.tiers) if profile == "standard" else 0):
+        inside = a.space(f"tier-{i}")
+        rows += generate(inside, strength, pinned=[r for r in (*pinned, *rows) if within(inside, r)])
     return rows
+
+
+def within(space: Space, row: dict) -> bool:
+    """Whether `row` lies in `space` (its values, and no constraint broken)."""
+    allowed = {d.name: {repr(v) for v in d.values} for d in space.dimensions}
+    return all(repr(row[k]) in allowed[k] for k in allowed) and not violations(space, [row])
 
 
 def rows_for(area: str, profile: str, pinned: list[dict]) -> list[dict]:

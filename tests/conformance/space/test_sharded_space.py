@@ -1,5 +1,5 @@
-"""The sharded space: its generated profiles cover every allowed pair (and every pair of the portable
-subspace in rows every engine runs), keep every constraint, and read back."""
+"""The sharded space: its generated profiles cover every allowed pair (and every pair of each engine
+tier in rows that tier runs), keep every constraint, and read back."""
 
 import json
 
@@ -31,8 +31,20 @@ def test_an_engine_without_the_engine_options_meets_every_portable_pair(standard
     # refimpl's ZeRO-2 offers no mesh, units, reshard, placement or policy: the rows it runs alone
     # still hold every pair of the other dimensions (parameter dtypes x data, clip, state dicts ...).
     runs = [r for s in standard if s.requires <= ZERO2 and (r := project(s)) is not None]
-    assert uncovered(profiles.AREAS["sharded"].space("portable"), runs, 2) == []
+    assert uncovered(profiles.AREAS["sharded"].space("tier-1"), runs, 2) == []
     assert any(r["precision"] == "fp16" and r["data"] == "large" for r in runs)
+
+
+def test_refimpl_zero3_meets_every_pair_it_runs(standard):
+    # Its adapter refuses a sharded state dict of a dim-1 placement (unavailable): the rows it runs
+    # still hold every pair of its tier, clipping far below the norm on an HSDP mesh among them.
+    from conformance.adapters.sharded import refimpl_zero3
+    from conformance.plan import _capability_skip
+
+    zero3 = refimpl_zero3()
+    runs = [r for s in standard if not _capability_skip(zero3, s) and (r := project(s)) is not None]
+    assert uncovered(profiles.AREAS["sharded"].space("tier-0"), runs, 2) == []
+    assert any(r["clip"] == "below" and r["mesh"] == "hsdp" for r in runs)
 
 
 def test_generated_rows_keep_every_constraint(standard):
@@ -92,9 +104,10 @@ def test_quick_covers_its_core_pairs_within_its_budget():
 
 
 def test_generation_is_deterministic():
-    pinned = profiles.pinned_rows("sharded", sharded_catalogue.handwritten(), "standard")
-    space = profiles.AREAS["sharded"].space("portable")
-    assert generate(space, 2, pinned=pinned[:5]) == generate(space, 2, pinned=pinned[:5])
+    space = profiles.AREAS["sharded"].space("tier-1")
+    pinned = [r for r in profiles.pinned_rows("sharded", sharded_catalogue.handwritten(), "standard")
+              if profiles.within(space, r)][:5]
+    assert pinned and generate(space, 2, pinned=pinned) == generate(space, 2, pinned=pinned)
 
 
 def test_pairs_an_engine_skips_are_uncovered_with_its_capability(standard):
