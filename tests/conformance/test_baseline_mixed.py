@@ -81,3 +81,22 @@ def test_the_rules_bitwise_at_two_ranks_bounded_where_bf16_sums_four():
     assert w2 and all(s.tolerance.kind == "summation-order" for s in w2)  # order-free at two: bitwise
     assert all("S19" in s.clauses for s in sharded_precision.mixed_precision_scenarios())
     assert all("S20" in s.clauses for s in sharded_precision.reshard_int_scenarios())
+
+
+def test_the_production_training_oracle_composes_the_policy():
+    # Issue 38: a policy with clipping (or a state-dict round trip) runs in the production loop's
+    # oracle; its gradients are the plain oracle's (bf16 compute, reduced, cast back to fp32), not
+    # fp32 compute's. Clipping far above the norm leaves the first synced gradient as it is.
+    from conformance.oracle import baseline_features
+
+    plain = _scenario("sharded/mp-bf16-reduce-bf16/mlp/w2/fp32")
+    clipped = plain.with_(features=(("clip", 2.0**20),), id=plain.id + "/clip")
+    want = next(e for e in baseline.compute(plain).events if e.kind == "backward").per_rank[0]
+    got = next(e for e in baseline_features.compute(clipped).events if e.kind == "backward").per_rank[0]
+    fp32 = next(e for e in baseline_features.compute(clipped.with_(options=replace(plain.options, param_dtype=None,
+                                                                                   reduce_dtype=None))).events
+                if e.kind == "backward").per_rank[0]
+    for name, g in want.items():
+        assert reference(got[name]).dtype == torch.float32
+        assert torch.equal(reference(got[name]), reference(g)), name
+    assert any(not torch.equal(reference(fp32[n]), reference(g)) for n, g in want.items())
