@@ -109,7 +109,8 @@ def scenario(row: dict, profiles: frozenset, tag: str = "pairs") -> Scenario:
     if tol.kind in ("summation-order", "derived-bound"):
         tol = replace(tol, divide=DIVIDE)
     if row["clip"] != "off":  # the clip family's rule (conformance.catalogue.sharded_clip)
-        band = float_tolerance(s.dtype, max(w, 2), "a reordered global norm's clip coefficient, compounding over steps")
+        compute = "bfloat16" if precision in MP_REDUCE else s.dtype  # a policy's bf16 compute rounds the step
+        band = float_tolerance(compute, max(w, 2), "a reordered global norm's clip coefficient, compounding over steps")
         tol = replace(tol, straight_through=band, reason=f"{tol.reason}; the clipped step's parameters: the bound "
                       "derived for a reordered global norm (conformance.oracle.clip_bound)")
     if one_step and tol.kind in ("derived-bound", "summation-order"):
