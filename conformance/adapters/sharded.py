@@ -235,9 +235,9 @@ def refimpl_zero3_kwargs(module: nn.Module, options: WrapOptions, ctx=None) -> d
     if options.shard_placement:  # FSDP2's shard_placement_fn, the scenario's rule (conformance.judge.shards)
         from conformance.judge.shards import placement_dim
 
-        W = kwargs["process_group"].size() if "process_group" in kwargs else None
-        kwargs["shard_placement_fn"] = lambda p, rule=options.shard_placement: placement_dim(rule, tuple(p.shape),
-                                                                                             W or dist.get_world_size())
+        # The rule reads the world size, as the judge and FSDP2's adapter do (under HSDP not the shard group's)
+        W = ctx.world_size if ctx is not None else dist.get_world_size()
+        kwargs["shard_placement_fn"] = lambda p, rule=options.shard_placement: placement_dim(rule, tuple(p.shape), W)
     if options.param_dtype:  # issue #26: the mixed-precision policy (conformance.oracle.baseline_mixed)
         from refimpl.sharded.zero3 import MixedPrecisionPolicy
 
@@ -266,10 +266,10 @@ class RefimplZero3(RefimplSharded):
         return RefimplZero3Wrapped(fsdp, sharded_optimizer(fsdp, optimizer), options.accumulate_reduce_scattered)
 
     def unavailable(self, scenario: Scenario) -> str | None:
-        if scenario.options.shard_placement and dict(scenario.features).get("state_dict") == "sharded":
+        if scenario.options.shard_placement and dict(scenario.features).get("state_dict"):
             # refimpl/sharded/checkpoint.py, _shards: a documented refusal with a clear error
-            return ("refimpl ZeRO-3's sharded state dict keeps the flat-chunk layout and refuses parameters a "
-                    "shard_placement_fn put on dim 1 (its full state dict takes them)")
+            return ("refimpl ZeRO-3's model + optimizer state dicts keep the flat-chunk layout and refuse parameters "
+                    "a shard_placement_fn put on dim 1 (the engine's model-only full_state_dict takes them)")
         return None
 
 

@@ -11,7 +11,7 @@ ZeRO-2 none of them, refimpl ZeRO-3 all but offload, FSDP2 all). A pairwise arra
 the other dimensions into some row, but that row may need an option an engine lacks, so the
 engine would skip the pair. `TIERS` name the subspaces engines run (every sharded engine:
 `PORTABLE`, the engine dimensions at their defaults, parameter dtypes only; refimpl ZeRO-3: all
-but a sharded state dict of a dim-1 placement): `standard` covers each tier's pairs in rows of
+but a state dict of a dim-1 placement): `standard` covers each tier's pairs in rows of
 their own too (`conformance.space.profiles`), so ZeRO-2 meets fp16 parameters with large data.
 
 Constraints, named with their reason, of the two kinds the DDP space has: *meaning* (an HSDP
@@ -65,11 +65,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
 ENGINE_DIMS = ("mesh", "units", "reshard", "placement", "offload")
 # Every sharded engine runs these values: the engine dimensions at their defaults, parameter dtypes.
 PORTABLE = {**{d: None for d in ENGINE_DIMS}, "precision": ("fp32", "fp64", "bf16", "fp16"), "accumulation": ("1", "2")}
-# refimpl ZeRO-3 runs every value but refuses a sharded state dict of a parameter placed on dim 1
-# (refimpl/sharded/checkpoint.py keeps the flat-chunk layout; its adapter's `unavailable` says so).
-FLAT_CHUNK_STATE = Constraint("zero3-flat-chunk-state", "refimpl ZeRO-3's sharded state dict refuses a parameter "
-                              "placed on dim 1", ("placement", "state_dict"),
-                              lambda a: a["placement"] == "dim0" or not a["state_dict"].startswith("sharded"))
+# refimpl ZeRO-3 runs every value but refuses a state dict (model + optimizer) of a parameter placed
+# on dim 1 (refimpl/sharded/checkpoint.py keeps the flat-chunk layout; its adapter's `unavailable` says so).
+FLAT_CHUNK_STATE = Constraint("zero3-flat-chunk-state", "refimpl ZeRO-3's state dicts refuse a parameter placed on "
+                              "dim 1", ("placement", "state_dict"),
+                              lambda a: a["placement"] == "dim0" or a["state_dict"] == "off")
 # The tiers `standard` covers pair by pair in rows of their own (conformance.space.profiles).
 TIERS = (("refimpl-zero3", {}, (FLAT_CHUNK_STATE,)), ("every sharded engine", PORTABLE, ()))
 
