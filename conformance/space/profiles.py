@@ -71,7 +71,7 @@ AREAS: dict[str, AreaSpace] = {
     "ddp": AreaSpace("ddp", ddp.DIMENSIONS, ddp.CONSTRAINTS, ddp_rows.scenario, ddp_rows.project,
                      quick_core=("data", "broadcast_buffers", "bucket_view"), full_values=ddp.FULL_VALUES),
     "sharded": AreaSpace("sharded", sharded.DIMENSIONS, sharded.CONSTRAINTS, sharded_rows.scenario,
-                         sharded_rows.project, quick_core=("clip",), full_values=sharded.FULL_VALUES,
+                         sharded_rows.project, quick_core=("optimizer",), full_values=sharded.FULL_VALUES,
                          tiers=sharded.TIERS),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
