@@ -93,7 +93,9 @@ def scenario(row: dict, profiles: frozenset, tag: str = "pairs") -> Scenario:
         features["state_dict"] = row["state_dict"].removesuffix("-twice")
         steps = 5 if twice else 3
         need.add(C.STATE_DICT)
-    one_step = precision in HALF and w > 2  # half parameters past 2 ranks: judged on one step, re-anchored
+    # Half parameters or a bf16 reduce past 2 ranks: judged on one step, re-anchored (their rounding
+    # compounds over steps with no bound derived for the straight-through check)
+    one_step = (precision in HALF or precision == "mp-bf16") and w > 2
     if one_step:
         steps = 1
     kw = {}
