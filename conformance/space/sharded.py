@@ -154,6 +154,9 @@ CONSTRAINTS: tuple[Constraint, ...] = (
        "summation-order differences compound past the straight-through band (no bound derived; the re-anchored "
        "steps pass)", ("model", "world", "clip", "state_dict"),
        lambda a: a["model"] not in ("transformer", "tied") or a["world"] <= 2 or not _features(a)),
+    _c("scaled-data-features", "large and tiny data over the 3-5 steps of clipping or a round trip: the "
+       "straight-through band's absolute part is sized for O(1) values (no bound derived; the re-anchored steps pass)",
+       ("data", "clip", "state_dict"), lambda a: a["data"] in ("int", "cont") or not _features(a)),
     _c("scaled-data-two-ranks", "large and tiny data at 3+ ranks: the straight-through band (no bound derived) "
        "does not hold once summation-order differences compound over steps", ("data", "world", "precision"),
        lambda a: a["data"] in ("int", "cont") or a["world"] <= 2 or a["precision"] in HALF),
