@@ -25,6 +25,8 @@ replays exactly what the ranks did:
   ``state_dict`` (torch DDP's ``module.``-prefixed keys) and the optimizer's, rebuild model,
   wrapper and optimizer from the checkpoint, and train on: the oracle trains straight through. ``state_dict`` ("full" or
   "sharded"): the sharded area's round trip instead (`conformance.runners.sharded_checkpoint`).
+  ``resume_order``: where the rebuilt loop loads the checkpoint (before or after wrapping; the
+  optimizer's state before the first backward or after it), `conformance.runners.build_order`.
 - ``wrap_under``: ``"no_grad"``: the wrapper is constructed inside ``torch.no_grad()`` (ambient
   state at construction, e.g. a model wrapped in an evaluation setup): neither the construction
   sync nor the gradient hooks may depend on it.
@@ -62,6 +64,9 @@ class Features:
     # sharded area (issue #26): the round trip saves "full" or "sharded" (torch.distributed.checkpoint)
     # state dicts through the engine's own API (conformance.runners.sharded_checkpoint)
     state_dict: str = ""
+    # where a round trip loads the checkpoint (issue 38, conformance.runners.build_order): "" or
+    # "wrap-load" (after wrapping), "load-wrap" (into the bare module), "optimizer-late"
+    resume_order: str = ""
     wrap_under: str = ""  # "no_grad" (issue 30: ambient state at construction)
     repeat: int = 1
     # A small dyadic learning rate: 5+ steps on small-integer data stay finite (the base

@@ -143,7 +143,7 @@ def _capability_skip(adapter, scenario) -> str:
     if not reason and scenario.optimizer not in ENGINE_OPTIMIZERS and "optimizer" in owned(adapter, scenario):
         reason = (f"the engine builds its own optimizer (protocol v2) from a name; {scenario.optimizer!r} is not "
                   f"one it is asked for ({', '.join(ENGINE_OPTIMIZERS)})")
-    if not reason and scenario.features:  # the production loop's own limits, from the adapter's declarations
+    if not reason:  # the rank loops' own limits (build order, production features), from the adapter's declarations
         from conformance.adapters.feature_support import unsupported
 
         reason = unsupported(adapter, scenario)

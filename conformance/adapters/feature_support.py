@@ -17,6 +17,9 @@ Generic limits, for any adapter:
   wrapped object's DDP-like module (`Wrapped.ddp`, torch DDP's `join`/`state_dict`): an adapter
   says it has one with `ddp_module = True` (DDP-like adapters do), or offers the engine's own
   checkpoint API (`Wrapped.checkpoint_state` / `load_checkpoint_state`, `checkpoint_api = True`);
+- the orders of `conformance.runners.build_order`: an engine that owns the optimizer has no user
+  optimizer to build before wrapping; a resume that loads the module's state before wrapping, or
+  the optimizer's after a backward, needs torch DDP's state dicts (`ddp_module`);
 - declared semantics the production oracle cannot model yet: buffers never synchronized, or
   synchronized at construction only, on a model with buffers.
 """
@@ -51,10 +54,16 @@ def ddp_module(adapter) -> bool:
 
 def unsupported(adapter, scenario) -> str | None:
     """Why the production loop or its oracle cannot run `scenario` for `adapter` (None: it can)."""
+    owns = owned(adapter, scenario)
+    if "optimizer" in owns and scenario.kwargs().get("build_order", "wrap-first") != "wrap-first":
+        return "the engine builds its own optimizer (protocol v2): there is no user optimizer to build before wrapping"
     if not getattr(scenario, "features", None):
         return None
     feats = Features.of(scenario)
-    owns = owned(adapter, scenario)
+    if feats.resume_order not in ("", "wrap-load") and not ddp_module(adapter):
+        return (f"resume order {feats.resume_order}: loading the module's state before wrapping, or the optimizer's "
+                "apart from the model's, needs torch DDP's state_dict (adapter.ddp_module), not an engine's own "
+                "checkpoint API")
     if feats.grad_scaler and "backward" in owns:
         return "the engine owns backward (protocol v2), so the loss it is given cannot be scaled by a GradScaler"
     if feats.compile == "wrapper" and not ddp_module(adapter):

@@ -25,6 +25,7 @@ from conformance.models.data import (
     make_optimizer,
     model_loss,
 )
+from conformance.runners import build_order as orders
 from conformance.spec import Expect, Scenario
 
 SKEW_S = 0.25  # how long the last rank sleeps in rank-skewed scenarios (never judged as time)
@@ -45,7 +46,8 @@ class _Run:
     the oracle replays (`conformance.oracle.baseline`):
 
         1. construction      the rank's own model (rank-dependent on purpose), wrapped; the
-                             optimizer (the engine's own, where it owns it: protocol v2)
+                             optimizer (the engine's own, where it owns it: protocol v2), built
+                             after wrapping or before it (conformance.runners.build_order)
         2. local gradients   every micro-batch but the last inside `no_sync()`
         3. synced reduce     the last micro-batch's backward, which the engine reduces
         4. step              the optimizer step and zero_grad, then parameters and buffers
@@ -65,6 +67,11 @@ class _Run:
         )
         self.tap = rng.ForwardTap(self.model, ctx.device)  # the RNG state each forward of the user's module starts from
         t0 = time.perf_counter()
+        # optimizer-first (conformance.runners.build_order): over the bare module's parameters,
+        # which the wrapper must keep (torch DDP does)
+        early = orders.optimizer_first(scenario, owns)
+        if early:
+            self.optimizer = make_optimizer(scenario.optimizer, orders.trainable(self.model))
         if "optimizer" in owns:  # protocol v2: the engine builds (and steps) its own optimizer
             spec = OptimizerSpec(scenario.optimizer, micro_batches=scenario.micro_batches)
             self.wrapped = adapter.wrap(self.model, ctx, scenario.options, optimizer=spec)
@@ -74,7 +81,7 @@ class _Run:
         self.record["init"] = {"parameters": self.wrapped.full_parameters(), "buffers": self.wrapped.full_buffers()}
         if "optimizer" in owns:
             self.optimizer = self.wrapped.optimizer
-        else:
+        elif not early:
             self.optimizer = make_optimizer(scenario.optimizer, self.wrapped.optimizer_parameters())
         self.backward = self.wrapped.backward if "backward" in owns else (lambda loss: loss.backward())
         self.skewed = scenario.skew and ctx.rank == scenario.world_size - 1

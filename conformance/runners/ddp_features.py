@@ -32,6 +32,7 @@ from conformance.features import (
 from conformance.features import optimizer as make_optimizer
 from conformance.models import rng
 from conformance.models.data import build_model, model_loss
+from conformance.runners import build_order as orders
 from conformance.spec import Expect, Scenario
 
 _COMPILED_PREFIX = "_orig_mod."
@@ -71,11 +72,15 @@ def _wrapper(wrapped, what: str):
     return ddp
 
 
-def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int, taps: list | None = None):
+def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int, taps: list | None = None, before_wrap=None):
+    """The model, compiled and wrapped as the scenario says; `before_wrap(model)`: the user's steps
+    between building the bare module and wrapping it (conformance.runners.build_order)."""
     model = build_model(
         scenario.model, model_kwargs(scenario, feats, oracle=False), seed=seed, rank=ctx.rank,
         dtype=scenario.dtype, device=ctx.device, exact=scenario.exact_data,
     )
+    if before_wrap is not None:
+        before_wrap(model)
     if feats.compile:
         # A fresh process's compile, whatever this warm rank compiled before: Dynamo's cache
         # does not guard on the wrapper (torch DDP's DDPOptimizer splits the graph at the
@@ -102,12 +107,50 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int, taps: l
     return wrapped
 
 
+def _construct(scenario, feats, adapter, ctx, seed: int, taps=None, checkpoint: dict | None = None):
+    """Model, optimizer and wrapper in the scenario's construction order; on a resume, the
+    `checkpoint` loaded where its resume order says (`conformance.runners.build_order`).
+
+    Returns the wrapper, the optimizer, and the optimizer state still to load (optimizer-late:
+    after the resumed run's first backward; None otherwise).
+    """
+    owns = owned(adapter, scenario)
+    early = orders.optimizer_first(scenario, owns)
+    resume = orders.resume_order(feats) if checkpoint is not None else None
+    state = checkpoint["optimizer"] if checkpoint is not None else None
+    made = []
+
+    def before_wrap(model):
+        if resume == "load-wrap":
+            model.load_state_dict(orders.module_state(checkpoint["model"]))
+        if early:  # over the bare module's parameters: the wrapper must keep these objects
+            made.append(make_optimizer(scenario, feats, orders.trainable(model)))
+            if made[0] is not None and state is not None and resume != "optimizer-late":
+                made[0].load_state_dict(state)
+
+    wrapped = _build(scenario, feats, adapter, ctx, seed=seed, taps=taps, before_wrap=before_wrap)
+    if checkpoint is not None and resume != "load-wrap":
+        if checkpoint["engine_api"]:
+            wrapped.load_checkpoint_state(checkpoint["model"])
+        else:
+            _wrapper(wrapped, "a checkpoint round trip").load_state_dict(checkpoint["model"])
+    if early:
+        optimizer = made[0]
+    else:
+        optimizer = wrapped.optimizer if "optimizer" in owns else make_optimizer(scenario, feats, wrapped.optimizer_parameters())
+        if optimizer is not None and state is not None and resume != "optimizer-late":
+            optimizer.load_state_dict(state)
+    late = state if optimizer is not None and resume == "optimizer-late" else None
+    return wrapped, optimizer, late
+
+
 def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps=None):
     """Save wrapper + optimizer (+ scaler), rebuild everything from scratch, load, go on.
 
     Through the engine's own checkpoint API where it has one (`Wrapped.checkpoint_state`,
     e.g. DeepSpeed's save_checkpoint, ZeroRedundancyOptimizer.consolidate_state_dict), torch
-    DDP's `state_dict` (keys `module.` + the module's) otherwise.
+    DDP's `state_dict` (keys `module.` + the module's) otherwise. Returns the rebuilt wrapper,
+    its optimizer and the optimizer state still to load (`_construct`).
     """
     if feats.state_dict:  # the sharded area's full / DCP round trip (issue #26)
         from conformance.runners.sharded_checkpoint import round_trip
@@ -117,7 +160,7 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps=
             return new, (new.optimizer if "optimizer" in owned(adapter, scenario)
                          else make_optimizer(scenario, feats, new.optimizer_parameters()))
 
-        return round_trip(feats.state_dict, ctx, wrapped, optimizer, _close, rebuild)
+        return (*round_trip(feats.state_dict, ctx, wrapped, optimizer, _close, rebuild), None)
     engine_api = callable(getattr(wrapped, "checkpoint_state", None))
     if engine_api:
         state = wrapped.checkpoint_state()
@@ -131,7 +174,6 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps=
                 f"got {list(state)[:4]}..., expected {want[:4]}..."
             )
         del ddp
-    owns_optimizer = "optimizer" in owned(adapter, scenario)
     buf = io.BytesIO()
     torch.save({"model": state, "optimizer": optimizer.state_dict() if optimizer and not engine_api else None,
                 "scaler": scaler.state_dict() if scaler else None}, buf)
@@ -139,18 +181,12 @@ def _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps=
     del wrapped, optimizer, state
     buf.seek(0)
     checkpoint = torch.load(buf, weights_only=not engine_api)
+    checkpoint["engine_api"] = engine_api
     # A different seed: nothing of the first model survives except through the checkpoint.
-    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed + 1, taps=taps)
-    if engine_api:
-        wrapped.load_checkpoint_state(checkpoint["model"])
-    else:
-        _wrapper(wrapped, "a checkpoint round trip").load_state_dict(checkpoint["model"])
-    optimizer = wrapped.optimizer if owns_optimizer else make_optimizer(scenario, feats, wrapped.optimizer_parameters())
-    if optimizer is not None and checkpoint["optimizer"] is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
+    rebuilt = _construct(scenario, feats, adapter, ctx, scenario.seed + 1, taps, checkpoint)
     if scaler is not None:
         scaler.load_state_dict(checkpoint["scaler"])
-    return wrapped, optimizer
+    return rebuilt
 
 
 def _module(wrapped):
@@ -165,14 +201,11 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
     record: dict = {"events": [], "error": None, "seconds": {}}
     t0 = time.perf_counter()
     taps: list = []  # the RNG state each forward of the user's module starts from (the newest model's)
-    wrapped = _build(scenario, feats, adapter, ctx, seed=scenario.seed, taps=taps)
+    wrapped, optimizer, _ = _construct(scenario, feats, adapter, ctx, scenario.seed, taps)
     record["seconds"]["wrap"] = time.perf_counter() - t0
     record["init"] = {"parameters": wrapped.full_parameters(), "buffers": wrapped.full_buffers()}
     owns = owned(adapter, scenario)
-    if "optimizer" in owns:
-        optimizer = wrapped.optimizer
-    else:
-        optimizer = make_optimizer(scenario, feats, wrapped.optimizer_parameters())
+    late = None  # an optimizer state to load after the resumed run's first backward (optimizer-late)
     backward = wrapped.backward if "backward" in owns else (lambda loss: loss.backward())
     scaler = torch.amp.GradScaler(ctx.device.type, init_scale=feats.init_scale) if feats.grad_scaler else None
     joining = contextlib.nullcontext()
@@ -189,7 +222,7 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
             for step in range(own_steps):
                 if step > 0 and step in feats.round_trips:
                     fired_before += _fired_so_far(wrapped)
-                    wrapped, optimizer = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps)
+                    wrapped, optimizer, late = _round_trip(scenario, feats, adapter, ctx, wrapped, optimizer, scaler, taps)
                     if "backward" in owns:  # the rebuilt engine's own backward, not the closed one's
                         backward = wrapped.backward
                 if feats.freeze:
@@ -211,6 +244,9 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                          "shards": _local_shards(wrapped) if synced else None,  # sharded area (conformance/judge/shards.py)
                          "rng": taps[-1].take(before) if taps else before}  # the oracle replays this forward from it
                     )
+                if late is not None:  # after the first backward, before the step that uses it
+                    optimizer.load_state_dict(late)
+                    late = None
                 if optimizer is not None:
                     _step(feats, optimizer, scaler, wrapped, owns)
                 record["events"].append(
