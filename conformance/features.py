@@ -17,7 +17,9 @@ replays exactly what the ranks did:
   (``torch.utils.checkpoint``, ``non-reentrant`` or ``reentrant``); the oracle runs it
   without checkpointing (same kernels, same gradients).
 - ``compile``: ``torch.compile`` around the ``model`` (before wrapping) or the ``wrapper``,
-  with the ``compile_backend`` (``aot_eager``: Dynamo + AOT autograd, no C++ toolchain).
+  with the ``compile_backend`` (``aot_eager``: Dynamo + AOT autograd, no C++ toolchain); or
+  ``compiled-autograd``: each backward under ``torch._dynamo.compiled_autograd`` with that backend
+  (torch DDP built in its ``optimize_ddp="python_reducer"`` mode, the one it reduces in there).
 - ``clip``: ``clip_grad_norm_(max_norm)`` on the averaged gradients before each step.
 - ``freeze``: ``((step, name_prefix, requires_grad), ...)``: requires_grad toggled before
   that step's forward (bucket rebuild, unused parameters).
@@ -56,7 +58,7 @@ class Features:
     init_scale: float = 2.0**10
     inf_at: tuple[int, int] | None = None
     checkpoint: str = ""  # "non-reentrant" | "reentrant" (models with a `checkpoint` argument)
-    compile: str = ""  # "model" | "wrapper"
+    compile: str = ""  # "model" | "wrapper" | "compiled-autograd" (the backward under torch._dynamo's compiled autograd)
     compile_backend: str = "aot_eager"
     clip: float | None = None
     freeze: tuple[tuple[int, str, bool], ...] = ()

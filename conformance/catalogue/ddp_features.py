@@ -91,6 +91,9 @@ def scenarios(area: str = "ddp") -> list:
                       "in another order than eager"),
         m("compile-model", "mlp", w=3, steps=STEPS, features=_f(compile="model"), tolerance=compile_band(3),
           timeout_s=180, profiles=FULL),
+        m("compiled-autograd", "mlp", w=2, steps=STEPS, features=_f(compile="compiled-autograd"),
+          tolerance=compile_band(2), timeout_s=180, profiles=FULL, upstream="pytorch/pytorch#152735",
+          description="every backward under compiled autograd (aot_eager): the reducer's collectives must still run"),
         # -- clip_grad_norm_ on the averaged gradients
         m("clip-grad-norm", "mlp", w=2, steps=STEPS, features=_f(clip=4.0), profiles=QUICK),
         m("clip-grad-norm", "mlp", w=4, steps=STEPS, features=_f(clip=1.0)),

@@ -92,12 +92,11 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int, taps: l
         taps.append(rng.ForwardTap(model, ctx.device))
     if feats.compile == "model":
         model = torch.compile(model, backend=feats.compile_backend)
-    if "optimizer" in owned(adapter, scenario):  # protocol v2: the engine builds (and steps) its own optimizer
-        spec = OptimizerSpec(scenario.optimizer, lr=feats.lr, clip=feats.clip, micro_batches=scenario.micro_batches)
-        with wrapping(feats, ctx.device):
+    with wrapping(feats, ctx.device), _ddp_mode(feats):
+        if "optimizer" in owned(adapter, scenario):  # protocol v2: the engine builds (and steps) its own optimizer
+            spec = OptimizerSpec(scenario.optimizer, lr=feats.lr, clip=feats.clip, micro_batches=scenario.micro_batches)
             wrapped = adapter.wrap(model, ctx, scenario.options, optimizer=spec)
-    else:
-        with wrapping(feats, ctx.device):
+        else:
             wrapped = adapter.wrap(model, ctx, scenario.options)
     if feats.compile == "model":
         wrapped = _Unprefixed(wrapped)
@@ -105,6 +104,25 @@ def _build(scenario: Scenario, feats: Features, adapter, ctx, seed: int, taps: l
         ddp = _wrapper(wrapped, "torch.compile around the wrapper")
         wrapped.ddp = torch.compile(ddp, backend=feats.compile_backend)
     return wrapped
+
+
+def _ddp_mode(feats: Features):
+    """Compiled autograd: torch DDP reduces under it only in its Python reducer mode, which it reads
+    at construction (torch/nn/parallel/distributed.py: `_use_python_reducer`; the C++ reducer
+    refuses compiled autograd); set for the construction only, so a warm rank's later cases keep
+    torch's default."""
+    if feats.compile != "compiled-autograd":
+        return contextlib.nullcontext()
+    return torch._dynamo.config.patch(optimize_ddp="python_reducer")
+
+
+def _backward_mode(feats: Features):
+    """The backward pass under compiled autograd (its graph compiled with the compile backend)."""
+    if feats.compile != "compiled-autograd":
+        return contextlib.nullcontext()
+    from torch._dynamo import compiled_autograd
+
+    return compiled_autograd._enable(torch.compile(backend=feats.compile_backend))
 
 
 def _construct(scenario, feats, adapter, ctx, seed: int, taps=None, checkpoint: dict | None = None):
@@ -236,7 +254,8 @@ def train(scenario: Scenario, feats: Features, adapter, ctx) -> dict:
                     with contextlib.nullcontext() if synced else wrapped.no_sync():
                         with autocast(feats, ctx.device):
                             loss = model_loss(wrapped, scenario.model, x, rank=ctx.rank, micro=micro)
-                        backward(scaler.scale(loss) if scaler is not None else loss)
+                        with _backward_mode(feats):
+                            backward(scaler.scale(loss) if scaler is not None else loss)
                     record["events"].append(
                         {"kind": "backward", "step": step, "micro": micro, "synced": synced,
                          "values": wrapped.full_gradients(),

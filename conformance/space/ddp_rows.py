@@ -26,7 +26,8 @@ BUCKET_CAP = {"default": None, "tiny": 0.001, "huge": 1000.0}
 CLIP = {"below": 2.0**-8, "above": 2.0**20}  # far below / far above every model's gradient norm here
 SHORT = {"find_unused": "fuf", "static_graph": "static", "broadcast_buffers": "bcast", "bucket_view": "view",
          "bucket_cap": "cap", "reduce_dtype": "reduce", "accumulation": "accum", "activation_ckpt": "ckpt",
-         "round_trip": "resume", "zero_grad": "zg", "optimizer": "opt"}
+         "round_trip": "resume", "zero_grad": "zg", "optimizer": "opt", "build_order": "build",
+         "resume_order": "reload"}
 UNEVEN = (2, 6, 1, 5, 3, 7, 2, 4)
 
 
@@ -81,6 +82,10 @@ def scenario(row: dict, profiles: frozenset, tag: str = "pairs") -> Scenario:
     if row["round_trip"] != "off":
         features["save_load_at"] = 2 if row["round_trip"] == "once" else (2, 4)
         steps = max(steps, 3 if row["round_trip"] == "once" else 5)
+        if row["resume_order"] != "wrap-load":
+            features["resume_order"] = row["resume_order"]
+    if row["build_order"] != "wrap-first":
+        kwargs["build_order"] = row["build_order"]
     if features:
         steps = max(steps, 3)
     if row["hook"] in ("fp16", "bf16") or row["reduce_dtype"] != "none":
@@ -144,6 +149,7 @@ def project(s: Scenario) -> dict | None:
         "round_trip": {None: "off"}.get(feats.get("save_load_at"), "twice" if isinstance(feats.get("save_load_at"), tuple) else "once"),
         "zero_grad": s.zero_grad, "optimizer": s.optimizer, "skew": s.skew or "none",
         "shards": "uneven" if s.shard_sizes and len(set(s.shard_sizes)) > 1 else "even",
+        "build_order": kwargs.get("build_order", "wrap-first"), "resume_order": feats.get("resume_order") or "wrap-load",
     }
     allowed = {d.name: d.values for d in DIMENSIONS}
     return row if all(row[k] in allowed[k] for k in allowed) else None
