@@ -64,3 +64,16 @@ def test_an_owned_optimizer_gets_the_production_learning_rate_and_clip():
     opt = spec.build([torch.nn.Parameter(torch.ones(2))])
     assert opt.param_groups[0]["lr"] == 2.0**-10 and spec.hyperparameters["lr"] == 2.0**-10
     assert OptimizerSpec("sgd").hyperparameters["lr"] == 2.0**-4  # the base catalogue's rate, unchanged
+
+
+def test_an_engine_that_owns_the_optimizer_has_none_to_build_before_wrapping():
+    from conformance.space.ddp_rows import DEFAULTS, scenario
+
+    first = scenario(dict(DEFAULTS, build_order="optimizer-first"), frozenset({"standard"}))
+    assert "no user optimizer to build before wrapping" in unsupported(_Owner(), first)
+    assert unsupported(registry.load("torch-ddp"), first) is None
+    late = scenario(dict(DEFAULTS, round_trip="once", resume_order="load-wrap"), frozenset({"standard"}))
+    owner = _Owner()
+    owner.checkpoint_api = True
+    assert "needs torch DDP's state_dict" in unsupported(owner, late)
+    assert unsupported(registry.load("torch-ddp"), late) is None
