@@ -258,9 +258,13 @@ CONSTRAINTS: tuple[Constraint, ...] = (
        "with options): refimpl and torch DDP alike leave the oracle's summation-order envelope by 1 ulp at the third "
        "step (how the sparse all-reduce coalesces rows is not modelled; the pinned sparse/embedding/w3 stays)",
        ("model", "world"), lambda a: not _trait(a, "sparse") or a["world"] <= 2),
-    _c("round-trip-two-ranks", "a checkpoint round trip is judged straight through by the production loop's band (no "
-       "bound derived: the accumulated envelope is not composed with a rebuild); at 3+ ranks rounding compounds past it "
-       "on a correct engine (refimpl-ddp, ckpt-mlp/w3 fp32 with a round trip: 559 ulps at step 2, every re-anchored "
-       "step within its rule; the pinned checkpoint-round-trip scenarios keep 3-4 ranks)", ("round_trip", "world"),
-       lambda a: a["round_trip"] == "off" or a["world"] <= 2),
+    _c("checkpointing-two-ranks", "activation checkpointing runs in the production loop, judged straight through by "
+       "its band (no bound derived: the accumulated envelope is not composed with the production features); at 3+ ranks "
+       "rounding compounds past it on a correct engine (refimpl-ddp, ckpt-mlp/w3 with reentrant checkpointing: 157 ulps "
+       "in fp64, 559 in fp32 at step 2, every re-anchored step within its rule)", ("activation_ckpt", "world"),
+       lambda a: a["activation_ckpt"] == "off" or a["world"] <= 2),
+    _c("muon-no-round-trip", "Muon with a checkpoint round trip: refimpl-ddp (a correct engine) steps 1 ulp off the "
+       "re-anchored oracle's AdamW half after the resume (unused/w1/fp64, head.bias, step 1); how the Muon+AdamW pair "
+       "reloads its state is not modelled yet", ("optimizer", "round_trip"),
+       lambda a: a["optimizer"] != "muon" or a["round_trip"] == "off"),
 )
