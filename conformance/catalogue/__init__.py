@@ -35,12 +35,15 @@ GENERATED: dict[str, Callable[[], list[Scenario]]] = {"ddp": _ddp_full_generated
 
 
 @functools.cache
-def all_scenarios(full: bool = False) -> tuple[Scenario, ...]:
-    """Every scenario; the generated strength-3 arrays (`conformance.space`) only with `full`."""
+def all_scenarios(full: bool | str = False) -> tuple[Scenario, ...]:
+    """Every scenario; the generated strength-3 arrays (`conformance.space`) only with `full`:
+    True builds every area's, an area's name only that area's (an array whose stored rows are
+    stale is regenerated, minutes of work: asking for dist_autograd's full profile must not
+    build the DDP array)."""
     out: list[Scenario] = []
     for area, scenarios in SCENARIOS.items():
         out.extend(scenarios())
-        if full and area in GENERATED:
+        if area in GENERATED and (full is True or full == area):
             out.extend(GENERATED[area]())
     ids = [s.id for s in out]
     dupes = {i for i in ids if ids.count(i) > 1}
@@ -69,7 +72,9 @@ def select(
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     ids, world_sizes = set(ids), set(world_sizes)
     chosen = []
-    full = profile == "full" if not ids else any("/triples/" in i for i in ids)
+    full: bool | str = profile == "full" if not ids else any("/triples/" in i for i in ids)
+    if full and area and not ids:
+        full = area
     for s in all_scenarios(full):
         if area and s.area != area:
             continue
