@@ -293,6 +293,26 @@ def find_script_function(qualified_name: str):
     return torch.jit._state._python_cu.find_function(qualified_name)
 
 
+def dynamo_python_reducer():
+    """A context in which torch DDP builds its Python reducer (``optimize_ddp="python_reducer"``):
+    the only mode in which it reduces under compiled autograd (its C++ reducer refuses it)."""
+    return importlib.import_module("torch._dynamo").config.patch(optimize_ddp="python_reducer")
+
+
+def compiled_autograd_enabled(compiler):
+    """A context in which backward runs under compiled autograd with ``compiler`` (no public API)."""
+    return importlib.import_module("torch._dynamo.compiled_autograd")._enable(compiler)
+
+
+def mkldnn_fp16_supported() -> bool:
+    """Whether oneDNN has fp16 kernels on this CPU (what DeepSpeed's CPU accelerator asks before it
+    accepts an fp16 config); False where torch has no such query, as DeepSpeed reads it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def composable_replicate():
     """``torch.distributed._composable.replicate`` (composable DDP; no public path yet)."""
     return importlib.import_module("torch.distributed._composable.replicate").replicate

@@ -34,6 +34,7 @@ from conformance.models import rng
 from conformance.models.data import build_model, model_loss
 from conformance.runners import build_order as orders
 from conformance.spec import Expect, Scenario
+from refimpl import _torch_compat
 
 _COMPILED_PREFIX = "_orig_mod."
 
@@ -113,16 +114,14 @@ def _ddp_mode(feats: Features):
     torch's default."""
     if feats.compile != "compiled-autograd":
         return contextlib.nullcontext()
-    return torch._dynamo.config.patch(optimize_ddp="python_reducer")
+    return _torch_compat.dynamo_python_reducer()
 
 
 def _backward_mode(feats: Features):
     """The backward pass under compiled autograd (its graph compiled with the compile backend)."""
     if feats.compile != "compiled-autograd":
         return contextlib.nullcontext()
-    from torch._dynamo import compiled_autograd
-
-    return compiled_autograd._enable(torch.compile(backend=feats.compile_backend))
+    return _torch_compat.compiled_autograd_enabled(torch.compile(backend=feats.compile_backend))
 
 
 def _construct(scenario, feats, adapter, ctx, seed: int, taps=None, checkpoint: dict | None = None):

@@ -3,6 +3,8 @@ loop, semantics and skips (no processes; the engine runs are `gradparity run --a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -79,7 +81,7 @@ def _a_cpu_with_fp16(monkeypatch):
 def _planned(name: str):
     """The adapter as planning sees it with DeepSpeed installed: these tests judge the plan's
     reasons, not this machine's install (CI's test env has no DeepSpeed)."""
-    adapter = registry.load(name)
+    adapter = copy.copy(registry.load(name))  # a copy: the cached adapter keeps its install check
     adapter._why = None
     return adapter
 

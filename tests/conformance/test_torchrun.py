@@ -57,8 +57,11 @@ def _torchrun(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or _env())
 
 
-def _results(report_dir) -> dict:
-    return {r["case"]: r for r in json.loads((report_dir / "gradparity.json").read_text())["results"]}
+def _results(report_dir, proc: subprocess.CompletedProcess) -> dict:
+    report = report_dir / "gradparity.json"
+    # no report: what torchrun and rank 0 printed is the only account of why
+    assert report.exists(), f"no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return {r["case"]: r for r in json.loads(report.read_text())["results"]}
 
 
 def test_every_area_runs_with_the_default_adapters(tmp_path):
@@ -69,7 +72,7 @@ def test_every_area_runs_with_the_default_adapters(tmp_path):
     proc = _torchrun(*args, "--report-dir", str(tmp_path))
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    results = _results(tmp_path)
+    results = _results(tmp_path, proc)
     passed = {r["area"] for r in results.values() if r["verdict"] == "passed"}
     assert passed == {"ddp", "data_parallel", "dist_autograd", "bucketer", "sharded"}, results
     assert not any(r["scenario"] == "ddp/plain/mlp/w1/fp32" for r in results.values())
@@ -94,7 +97,7 @@ def test_a_rank_abort_keeps_the_report(tmp_path):
                      "--scenario", "ddp/adam/mlp/w2/fp32", "--scenario", "ddp/no-sync/mlp/w2/fp32",
                      "--report-dir", str(report_dir), "--timeout", "60", env=_env(str(tmp_path)))
     assert proc.returncode != 0
-    results = _results(report_dir)
+    results = _results(report_dir, proc)
     assert len(results) == 3 and not any(r["verdict"] == "passed" for r in results.values()), results
     never = [r for r in results.values() if r["verdict"] == "error"]
     assert len(never) >= 2 and all(r["cause"].startswith("never ran: ") for r in never), never

@@ -44,6 +44,7 @@ from conformance.oracle.declared import deepspeed_clip, loss_scaler
 from conformance.oracle.declared.loss_scaler import DynamicLossScale
 from conformance.semantics import Accumulation, MidAccumulation, Precision, Semantics
 from conformance.spec import Capability as C
+from refimpl import _torch_compat
 
 INSTALL = "DS_BUILD_OPS=0 pip install -c constraints.txt 'gradparity[deepspeed]'"
 # The engine's documentation, for the production-training features it does its own way.
@@ -67,11 +68,7 @@ def fp16_refused_here(scenario) -> str | None:
         return None
     if os.environ.get("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "") != "cpu":
         return None  # DeepSpeed picks the CUDA accelerator: fp16 is supported
-    try:
-        supported = bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    except (AttributeError, RuntimeError):
-        supported = False  # as DeepSpeed: no such op, no fp16
-    if supported:
+    if _torch_compat.mkldnn_fp16_supported():
         return None
     return ("DeepSpeed's CPU accelerator refuses fp16 on this CPU (oneDNN without fp16: "
             "cpu_accelerator.is_fp16_supported, engine.py _do_sanity_check raises 'Type fp16 is not supported on your device')")
