@@ -12,6 +12,7 @@ refimpl imports only torch, so the suite imports from here too (``conformance`` 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 
@@ -291,6 +292,28 @@ def find_script_function(qualified_name: str):
     Distributed autograd ships a scripted RPC target by name; no public API looks one up.
     """
     return torch.jit._state._python_cu.find_function(qualified_name)
+
+
+def eager_under_compile(fn):
+    """``torch.compiler.disable(fn)``, built the first time a compiled region calls ``fn``.
+
+    ``torch.compiler.disable`` imports dynamo, which takes seconds: applied when a class body is
+    executed, it made every process that imports refimpl's DDP (each rank, and the suite's
+    planner) pay that import without ever compiling. Under tracing ``is_compiling()`` is true, so
+    the traced code calls the disabled function, which runs eagerly (a graph break); outside
+    tracing ``fn`` runs as it is.
+    """
+    disabled: list = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            if not disabled:
+                disabled.append(torch.compiler.disable(fn))
+            return disabled[0](*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return call
 
 
 def dynamo_python_reducer():

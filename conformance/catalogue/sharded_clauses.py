@@ -8,6 +8,8 @@ whose size the world size does not divide, so a shard carries padding.
 
 from __future__ import annotations
 
+import functools
+
 from conformance.spec import Scenario
 
 # Models with buffers that training updates (see `conformance.catalogue.sharded`).
@@ -16,12 +18,19 @@ BUFFER_READING_MODELS = {"buffered", "cnn-bn", "resnet"}
 
 def _padded(s: Scenario) -> bool:
     """Whether some parameter's size is not a multiple of the world size (a padded shard)."""
-    from conformance.models.data import build_model
-
     if s.world_size == 1:
         return False
-    model = build_model(s.model, s.kwargs(), seed=s.seed, rank=0, dtype=s.dtype, device="cpu", exact=s.exact_data)
-    return any(p.numel() % s.world_size for p in model.parameters())
+    return any(n % s.world_size for n in _parameter_sizes(s.model, s.model_kwargs))
+
+
+@functools.cache
+def _parameter_sizes(model: str, model_kwargs: tuple) -> tuple[int, ...]:
+    """The model's parameter sizes (shapes depend on its name and kwargs only): built once per
+    model, not once per scenario, as every process that loads the catalogue asks for them."""
+    from conformance.models.data import build_model
+
+    built = build_model(model, dict(model_kwargs), seed=0, rank=0, dtype="float32", device="cpu", exact=True)
+    return tuple(p.numel() for p in built.parameters())
 
 
 def clauses_of(s: Scenario) -> tuple[str, ...]:

@@ -30,7 +30,8 @@ reduces gradients in that dtype and casts them back (``refimpl.ddp.mixed_precisi
 [Note: torch.compile] ``torch.compile(ddp)`` compiles only the wrapped module's forward: the
 wrapper's bookkeeping before and after it (``_pre_forward`` / ``_post_forward``: join
 collectives, buffer broadcast, reducer preparation) is excluded from tracing with
-``torch.compiler.disable``, so it runs eagerly, exactly as without compile.
+``torch.compiler.disable`` (applied when a compiled region first calls it: importing dynamo
+costs seconds), so it runs eagerly, exactly as without compile.
 ``DDP(torch.compile(model))`` needs nothing. In both, the compiled backward (AOT autograd)
 returns every parameter's gradient at once at its end; the reducer's per-parameter
 post-accumulate-grad hooks then fire eagerly, one per parameter, and buckets launch as they
@@ -49,6 +50,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
+from .._torch_compat import eager_under_compile
 from ..broadcast import broadcast_from_rank0
 from ..nested import find_tensors, move_to
 from .join import DDPJoinHook, find_common_rank
@@ -190,7 +192,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._post_forward(output, sync)
         return output
 
-    @torch.compiler.disable
+    @eager_under_compile
     def _pre_forward(self) -> bool:
         """Collectives and reducer preparation before the module runs (see [Note: torch.compile])."""
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
@@ -204,7 +206,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._broadcast_buffers(active=True)
         return sync
 
-    @torch.compiler.disable
+    @eager_under_compile
     def _post_forward(self, output, sync: bool) -> None:
         if sync:
             self.require_forward_param_sync = True
