@@ -32,6 +32,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import replace
@@ -262,7 +263,19 @@ def _on_sigterm(args, selection, results: list[CaseResult], cases: list[Case], u
         sys.stdout.flush()
         os._exit(1)
 
+    # A Python handler runs only between bytecodes of the main thread, and rank 0 may be blocked
+    # in a collective with the rank that died (gloo waits out its timeout) past the agent's 30 s
+    # grace, then SIGKILLed with no report. So the signal is blocked in this thread (and the
+    # threads it starts later) and a thread of its own waits for it; the handler stays for a
+    # thread that existed before and receives it.
     signal.signal(signal.SIGTERM, stop)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def wait_for_sigterm() -> None:
+        signal.sigwait({signal.SIGTERM})
+        stop(signal.SIGTERM, None)
+
+    threading.Thread(target=wait_for_sigterm, name="gradparity-sigterm", daemon=True).start()
 
 
 def _exit_status(records: list[dict]) -> int:

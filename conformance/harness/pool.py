@@ -22,6 +22,16 @@ does fail names the step every rank had reached, so a genuine rendezvous wedge (
 past "store", none past "group") is told apart from a slow import. A start's livelock cap is
 `STARTUP_HARD_CAP` times its budget: a rendezvous poll (FileStore wakes every 10 ms) counts
 as activity under load, so a genuinely wedged start ends there, not at the watchdog's `HARD_CAP`.
+
+[Note: start methods]
+A spawned rank is a fresh interpreter: it imports torch, and dynamo with its first optimizer
+(torch.optim wraps `Optimizer.__init__` in a dynamo disable), about 3-5 s of CPU per rank. A run
+with `-n 2` keeps worlds of 1-4 ranks per worker, 20 ranks: on 2 cores that was a third of
+refimpl-ddp's standard profile (220.9 s spawn, 153.1 s forkserver, side by side). So by default
+ranks fork from multiprocessing's fork server, which imports `PRELOAD` once per coordinator
+before any rank exists (no CUDA context, no process group, no threads of ours); each rank
+still gets the coordinator's environment of the moment (`serve`'s `environ`) and its own
+process group. `GRADPARITY_START_METHOD=spawn` restores fresh interpreters.
 """
 
 from __future__ import annotations
@@ -42,6 +52,12 @@ from conformance.harness.watchdog import HARD_CAP, Watchdog
 from conformance.topology import Topology
 
 STARTUP_TIMEOUT_S = float(os.environ.get("GRADPARITY_STARTUP_TIMEOUT", "60"))
+# How rank processes start: "spawn" (a fresh interpreter imports torch in every rank) or
+# "forkserver" (one server process imports torch and the rank service once; every rank is forked
+# from it). See [Note: start methods].
+START_METHOD = os.environ.get(
+    "GRADPARITY_START_METHOD", "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "conformance.harness.service"]
 ERROR_GRACE_S = 3.0  # how long the other ranks get to answer once one rank has failed
 STARTUP_HARD_CAP = 4.0  # a start is given at most this many times STARTUP_TIMEOUT_S ([Note: start phases])
 POLL_S = 0.5
@@ -126,12 +142,12 @@ class RankPool:
         self._workdir = tempfile.mkdtemp(prefix=f"gradparity-{self.topology.key().replace('/', '-')}-")
         store_path = os.path.join(self._workdir, "rendezvous")
         rpc_init = f"file://{os.path.join(self._workdir, 'rpc-rendezvous')}"  # used only if a task calls ctx.ensure_rpc()
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         for rank in range(self.topology.world_size):
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=serve,
-                args=(rank, self.topology, store_path, child, self._workdir, rpc_init),
+                args=(rank, self.topology, store_path, child, self._workdir, rpc_init, dict(os.environ)),
                 name=f"gradparity-rank{rank}",
                 daemon=True,
             )
@@ -324,6 +340,13 @@ class RankPool:
         if self._workdir and not os.environ.get("GRADPARITY_KEEP_LOGS"):
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._workdir = None
+
+
+def _context():
+    ctx = mp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _size(path: str) -> int:

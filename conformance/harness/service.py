@@ -51,8 +51,13 @@ def _redirect_output(log_path: str) -> None:
     os.close(fd)
 
 
-def serve(rank: int, topology, store_path: str, conn, workdir: str, rpc_init_method: str | None) -> None:
-    """Entry point of a spawned rank process."""
+def serve(rank: int, topology, store_path: str, conn, workdir: str, rpc_init_method: str | None,
+          environ: dict[str, str] | None = None) -> None:
+    """Entry point of a spawned rank process; `environ` is the coordinator's environment when the
+    world started (a rank forked from the fork server would otherwise see the server's)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     send(conn, op=Op.PHASE, rank=rank, phase="spawned")
     _redirect_output(os.path.join(workdir, f"rank{rank}.log"))
     faulthandler.enable(all_threads=False)  # a fatal signal leaves "Fatal Python error: ..." + the stack in the log
