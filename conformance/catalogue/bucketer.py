@@ -149,6 +149,10 @@ def plan(scenario: Scenario) -> list[Call]:
         calls.append(Call((kw.get("big_numel", 800), 2), dtypes[0], layout="transposed"))
     elif kind in ISSUE30_PLANS:
         calls = ISSUE30_PLANS[kind](scenario, dtypes, size)
+    elif kind == "space":  # a generated row's plan (issue 38)
+        from conformance.catalogue.bucketer_space import plan_space
+
+        calls = plan_space(scenario, dtypes, size)
     else:
         raise ValueError(f"scenario {scenario.id}: unknown bucketer plan {kind!r}")
     return calls
@@ -253,6 +257,25 @@ IMMEDIATE, REUSE, GROUPS, FORMS, LAYOUTS, EMPTY, LIFECYCLE, DTYPES = "B4", "B6",
 
 
 def scenarios() -> list[Scenario]:
+    """The hand-written scenarios (pinned) and the covering arrays generated from the area's space
+    around them (`conformance.space.bucketer`, issue 38)."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    return pinned + generated("bucketer", pinned)
+
+
+def full_generated() -> list[Scenario]:
+    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    have = {s.id for s in generated("bucketer", pinned)}
+    return [s for s in generated("bucketer", pinned, full=True) if s.id not in have]
+
+
+def handwritten() -> list[Scenario]:
+    """The hand-written scenarios: the contract's clauses one by one, upstream cases by name."""
     out = [
         make("mixed", "mixed", w=2, cap=TINY, dtypes=MIXED, steps=2,
              description="mixed sizes, shapes and dtypes; tiny cap: many flushes to make room; two rounds"),
