@@ -18,4 +18,5 @@ AREA = AreaEntry(
     mutants="conformance.mutants.bucketer",
     controls=("refimpl-bucketer", "fairscale-bucketer"),
     independent="conformance.mutants.independent.bucketer",
+    interactions="conformance.mutants.independent.interactions_bucketer",
 )

@@ -37,11 +37,16 @@ def plan_space(scenario, dtypes, size) -> list[Call]:
     calls = []
     for i in range(COUNT):
         layout = layouts[i % len(layouts)]
+        dtype = dtypes[i % len(dtypes)]
+        # An ordinary call fits a shard of WORLD's bucket (the smallest; 8 fp64 elements at w8 with
+        # the small cap): only the big call may be larger (the row's `big` says whether one is).
+        shard = shard_elements(scenario.options.bucket_cap_mb, dtype, scenario.world_size) or 12
         if layout == "contiguous":
-            shape = ((size(1, 12),), (size(1, 6), 2), (2, size(1, 6), 1))[i % 3]
+            n = size(1, 12)
+            shape = ((min(n, shard),), (min(n, shard // 2, 6), 2), (2, min(n, shard // 2, 6), 1))[i % 3]
         else:  # a 2-D shape: transposed and strided chunks are non-contiguous
-            shape = (size(1, 6), size(2, 5))
-        calls.append(Call(shape, dtypes[i % len(dtypes)], has_callback(i), group=groups[i % len(groups)],
+            shape = (min(size(1, 6), shard // 2), 2)
+        calls.append(Call(shape, dtype, has_callback(i), group=groups[i % len(groups)],
                           layout=layout))
     if kw.get("big") == "yes":
         first = calls[0]
@@ -49,7 +54,7 @@ def plan_space(scenario, dtypes, size) -> list[Call]:
                              group=first.group, layout=first.layout))
     if kw.get("empty") == "yes":
         third = calls[2]
-        calls[3:3] = [Call((0,), third.dtype, True, group=third.group),
+        calls[3:3] = [Call((0,), third.dtype, True, group=third.group, layout=third.layout),
                       Call((2, 0), third.dtype, True, group=third.group, layout=third.layout)]
     if kw.get("zero_dim") == "yes":
         first = calls[0]
