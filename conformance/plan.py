@@ -224,9 +224,7 @@ def _could_run_here(entry: str, selection: Selection, adapters: dict | None = No
     scenario_id, device = split_device(case.split(CASE_SEPARATOR, 1)[-1])
     if device is not None and device != selection.device:
         return False  # an entry for another device
-    # A generated full-profile row (`.../triples/...`) exists only once its area's full array is built.
-    full = scenario_id.split("/", 1)[0] if "/triples/" in scenario_id else False
-    named = [s for s in catalogue.all_scenarios(full) if _id_matches(scenario_id, s.id)]
+    named = [s for s in catalogue.all_scenarios() if _id_matches(scenario_id, s.id)]
     if not named:
         return True  # names no scenario at all: a stale entry
     return any(_selected(s, selection) for s in named)

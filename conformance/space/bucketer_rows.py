@@ -35,7 +35,7 @@ def _clauses(row: dict) -> tuple[str, ...]:
     return tuple(c for c, yes in on.items() if yes)
 
 
-def scenario(row: dict, profiles: frozenset, tag: str):
+def scenario(row: dict, profiles: frozenset, tag: str = "pairs"):
     """The scenario of `row` in `profiles`; `tag` (core / pairs / triples) names its array in the id."""
     s = cat.make(tag, "space", w=row["world"], cap=CAPS[row["cap"]], dtypes=DTYPES[row["dtypes"]],
                  profiles=profiles, steps=row["rounds"], clauses=_clauses(row),
