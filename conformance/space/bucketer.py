@@ -45,6 +45,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("teardown", ("plain", "queued"), "teardown() after the last flush, or with an input still queued"),
 )
 
+# The tier `standard` covers pair by pair in rows of its own (`conformance.space.profiles`): a
+# bucketer without HALF_PRECISION (a backend without fp16/bf16 collectives) skips every row with
+# fp16, bf16 or the mixed dtypes, and still meets every pair of the other dimensions. A bucketer
+# without BUCKET_CAP is not tiered: `make(bucket_cap_mb)` is the protocol's one constructor, and
+# its pairs show as uncovered, the capability named (`gradparity list --coverage`).
+TIERS = (("bucketers without half precision", {"dtypes": ("fp32", "fp64", "int64", "int32")}, ()),)
+
 # full adds world size 8 (8 gloo ranks on 2 cores: seconds per case, standard stops at 4).
 FULL_VALUES = {"world": (2, 1, 3, 4, 8)}
 

@@ -74,7 +74,8 @@ AREAS: dict[str, AreaSpace] = {
                          sharded_rows.project, quick_core=("optimizer",), full_values=sharded.FULL_VALUES,
                          tiers=sharded.TIERS),
     "bucketer": AreaSpace("bucketer", bucketer.DIMENSIONS, bucketer.CONSTRAINTS, bucketer_rows.scenario,
-                          bucketer_rows.project, quick_core=("form", "empty"), full_values=bucketer.FULL_VALUES),
+                          bucketer_rows.project, quick_core=("form", "empty"), full_values=bucketer.FULL_VALUES,
+                          tiers=bucketer.TIERS),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
 TAG = {"quick": "core", "standard": "pairs", "full": "triples"}

@@ -99,3 +99,8 @@ def test_pairs_an_adapter_skips_are_uncovered_with_its_capability(standard):
     assert any(p.get("dtypes") == "bf16" for p, _ in without.uncovered)
     every = coverage.pairs("bucketer", "standard", standard)
     assert every.covered == every.possible and every.excluded > 0
+
+
+def test_a_bucketer_without_half_precision_meets_every_other_pair(standard):
+    runs = [r for s in standard if C.HALF_PRECISION not in s.requires and (r := project(s)) is not None]
+    assert uncovered(profiles.AREAS["bucketer"].space("tier-0"), runs, 2) == []
