@@ -29,15 +29,16 @@ class Correct(_IndependentCorrect):
     name = "ix-bucketer-correct"
 
 
-def mutant(name: str, clause: str, bug: str):
-    """Register a Bucketer subclass as mutant `name`, wrapped in an adapter class."""
+def mutant(name: str, clause: str, pair: str, bug: str):
+    """Register a Bucketer subclass as mutant `name`, wrapped in an adapter class; `pair` names
+    the two things that meet."""
     def adapter(bucketer_cls):
-        return type(f"{bucketer_cls.__name__}Adapter", (Correct,), {"bucketer_class": bucketer_cls})
-    return MUTANTS.mutant(name, clause, bug, adapter=adapter)
+        return type(f"{bucketer_cls.__name__}Adapter", (Correct,), {"bucketer_class": bucketer_cls, "pair": pair})
+    return MUTANTS.mutant(name, clause, f"[{pair}] {bug}", adapter=adapter)
 
 
-@mutant("disabled-keyword-callback-lost", "B8",
-        "cap <= 0 x a keyword call: the bucketing-disabled fast path reads callback_fn positionally, so "
+@mutant("disabled-keyword-callback-lost", "B8", "cap <= 0 x a keyword call",
+        "the bucketing-disabled fast path reads callback_fn positionally, so "
         "callback_fn= given by keyword is never called")
 class DisabledKeywordCallbackLost(Bucketer):
     @torch.no_grad()
@@ -51,8 +52,8 @@ class DisabledKeywordCallbackLost(Bucketer):
         return super().reduce_scatter_async(input_list, group, callback_fn)
 
 
-@mutant("negative-cap-buckets", "B4",
-        "a negative cap (a value regime): the shard size is computed from |cap| (only 0 disables bucketing), "
+@mutant("negative-cap-buckets", "B4", "a negative cap x an input that fits |cap|",
+        "the shard size is computed from |cap| (only 0 disables bucketing), "
         "so inputs are queued where every input must be reduced before its call returns")
 class NegativeCapBuckets(Bucketer):
     def shard_size(self, dtype: torch.dtype, group_size: int) -> int:
@@ -65,9 +66,8 @@ class NegativeCapBuckets(Bucketer):
         return numel > shard
 
 
-@mutant("bf16-immediate-upcasts", "B12",
-        "bf16 x the path that reduces at once (an input larger than a shard, or bucketing disabled): summed in "
-        "fp32 for backends without bf16 and handed back as fp32 (the bucketed path keeps bf16)")
+@mutant("bf16-immediate-upcasts", "B12", "bf16 x the path that reduces at once",
+        "an input larger than a shard, or any with bucketing disabled, is summed in fp32 for backends without bf16 and handed back as fp32 (the bucketed path keeps bf16)")
 class Bf16ImmediateUpcasts(Bucketer):
     @torch.no_grad()
     def reduce_scatter_async(self, input_list, group, callback_fn=None):
@@ -84,8 +84,8 @@ class Bf16ImmediateUpcasts(Bucketer):
         return super().reduce_scatter_async(inputs, group, callback_fn)
 
 
-@mutant("keyword-queues-caller-tensors", "B6",
-        "a keyword call x inputs reused after it returns: keyword calls queue the caller's tensors and stage them "
+@mutant("keyword-queues-caller-tensors", "B6", "a keyword call x inputs reused after it returns",
+        "keyword calls queue the caller's tensors and stage them "
         "at flush (positional calls copy at once), so overwriting the inputs changes the result")
 class KeywordQueuesCallerTensors(Bucketer):
     _keyword = False
