@@ -31,9 +31,9 @@ def _sharded_full_generated() -> list[Scenario]:
 
 
 def _bucketer_full_generated() -> list[Scenario]:
-    from conformance.catalogue import bucketer
+    from conformance.catalogue import bucketer_generated
 
-    return bucketer.full_generated()
+    return bucketer_generated.full_generated()
 
 
 # The generated full profile of an area (`conformance.space.profiles`): built only when selected.

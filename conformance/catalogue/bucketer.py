@@ -41,49 +41,17 @@ The clause ids (`B1`...) are those of `docs/contracts/bucketer.md`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+# The plan's vocabulary (re-exported: runners, oracle and tests import it from here).
+from conformance.catalogue.bucketer_calls import DEFAULT_CAP_MB, Call, MiB, shard_elements  # noqa: F401
+from conformance.catalogue.bucketer_space import plan_space
 from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.catalogue.profiles import SHORT_DTYPE as SHORT
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, Tolerance, WrapOptions
 
 EXACT_INTS = Tolerance(True, reason="exact: integers in [-8, 8], sums over <= 4 ranks are exact in every dtype")
-MiB = 1024 * 1024
-DEFAULT_CAP_MB = 25.0  # what both implementations use when no cap is given
-
-
-@dataclass(frozen=True)
-class Call:
-    """One `reduce_scatter_async` call: chunk shape (every rank's chunk has it), dtype, callback?"""
-
-    shape: tuple[int, ...]
-    dtype: str
-    callback: bool = True
-    group: str = "world"  # "world" | "pairs" (ranks 0-1, 2-3, ...) | "self" (a group of one)
-    layout: str = "contiguous"  # "contiguous" | "transposed" | "strided": same values, other strides
-    only_round: int | None = None  # issue 30: made in this round only (None: every round)
-
-    def active(self, round_: int) -> bool:
-        return self.only_round is None or self.only_round == round_
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-
-def shard_elements(cap_mb: float | None, dtype: str, world_size: int) -> int:
-    """Elements of one rank's shard of a bucket (0: bucketing disabled). Same rule in both."""
-    cap = DEFAULT_CAP_MB if cap_mb is None else cap_mb
-    if cap <= 0:
-        return 0
-    itemsize = getattr(torch, dtype).itemsize
-    return int(cap * MiB // itemsize // world_size)
 
 
 def group_members(kind: str, rank: int, world_size: int) -> list[int]:
@@ -150,8 +118,6 @@ def plan(scenario: Scenario) -> list[Call]:
     elif kind in ISSUE30_PLANS:
         calls = ISSUE30_PLANS[kind](scenario, dtypes, size)
     elif kind == "space":  # a generated row's plan (issue 38)
-        from conformance.catalogue.bucketer_space import plan_space
-
         calls = plan_space(scenario, dtypes, size)
     else:
         raise ValueError(f"scenario {scenario.id}: unknown bucketer plan {kind!r}")
@@ -254,24 +220,6 @@ TINY = 0.0005  # 524 bytes per bucket: a flush every few inputs
 # valid, deferred FIFO order; the others name what a scenario adds.
 CORE = ("B1", "B2", "B3", "B5")
 IMMEDIATE, REUSE, GROUPS, FORMS, LAYOUTS, EMPTY, LIFECYCLE, DTYPES = "B4", "B6", "B7", "B8", "B9", "B10", "B11", "B12"
-
-
-def scenarios() -> list[Scenario]:
-    """The hand-written scenarios (pinned) and the covering arrays generated from the area's space
-    around them (`conformance.space.bucketer`, issue 38)."""
-    from conformance.space.profiles import generated
-
-    pinned = handwritten()
-    return pinned + generated("bucketer", pinned)
-
-
-def full_generated() -> list[Scenario]:
-    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
-    from conformance.space.profiles import generated
-
-    pinned = handwritten()
-    have = {s.id for s in generated("bucketer", pinned)}
-    return [s for s in generated("bucketer", pinned, full=True) if s.id not in have]
 
 
 def handwritten() -> list[Scenario]:

@@ -17,7 +17,7 @@ Where the special calls go is chosen so each meets the state its bug would need:
 
 from __future__ import annotations
 
-from conformance.catalogue.bucketer import Call, shard_elements
+from conformance.catalogue.bucketer_calls import Call, shard_elements
 from conformance.space.bucketer import GROUPS
 
 LAYOUTS = ("contiguous", "transposed", "strided")
