@@ -8,7 +8,7 @@ AREA = AreaEntry(
     name="bucketer",
     order=3,
     about="bucketed reduce-scatter = exact sum of chunks; callbacks exactly once, in order",
-    catalogue="conformance.catalogue.bucketer:scenarios",
+    catalogue="conformance.catalogue.bucketer_generated:scenarios",
     runner="conformance.runners.bucketer",
     oracle="conformance.oracle.bucketer:expected_result",
     adapters={
@@ -18,4 +18,5 @@ AREA = AreaEntry(
     mutants="conformance.mutants.bucketer",
     controls=("refimpl-bucketer", "fairscale-bucketer"),
     independent="conformance.mutants.independent.bucketer",
+    interactions="conformance.mutants.independent.interactions_bucketer",
 )

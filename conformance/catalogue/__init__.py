@@ -30,8 +30,15 @@ def _sharded_full_generated() -> list[Scenario]:
     return sharded.full_generated()
 
 
+def _bucketer_full_generated() -> list[Scenario]:
+    from conformance.catalogue import bucketer_generated
+
+    return bucketer_generated.full_generated()
+
+
 # The generated full profile of an area (`conformance.space.profiles`): built only when selected.
-GENERATED: dict[str, Callable[[], list[Scenario]]] = {"ddp": _ddp_full_generated, "sharded": _sharded_full_generated}
+GENERATED: dict[str, Callable[[], list[Scenario]]] = {"ddp": _ddp_full_generated, "sharded": _sharded_full_generated,
+                                                      "bucketer": _bucketer_full_generated}
 
 
 @functools.cache

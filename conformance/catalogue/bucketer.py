@@ -41,49 +41,17 @@ The clause ids (`B1`...) are those of `docs/contracts/bucketer.md`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+# The plan's vocabulary (re-exported: runners, oracle and tests import it from here).
+from conformance.catalogue.bucketer_calls import DEFAULT_CAP_MB, Call, MiB, shard_elements  # noqa: F401
+from conformance.catalogue.bucketer_space import plan_space
 from conformance.catalogue.profiles import FULL, QUICK, STANDARD
 from conformance.catalogue.profiles import SHORT_DTYPE as SHORT
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, Tolerance, WrapOptions
 
 EXACT_INTS = Tolerance(True, reason="exact: integers in [-8, 8], sums over <= 4 ranks are exact in every dtype")
-MiB = 1024 * 1024
-DEFAULT_CAP_MB = 25.0  # what both implementations use when no cap is given
-
-
-@dataclass(frozen=True)
-class Call:
-    """One `reduce_scatter_async` call: chunk shape (every rank's chunk has it), dtype, callback?"""
-
-    shape: tuple[int, ...]
-    dtype: str
-    callback: bool = True
-    group: str = "world"  # "world" | "pairs" (ranks 0-1, 2-3, ...) | "self" (a group of one)
-    layout: str = "contiguous"  # "contiguous" | "transposed" | "strided": same values, other strides
-    only_round: int | None = None  # issue 30: made in this round only (None: every round)
-
-    def active(self, round_: int) -> bool:
-        return self.only_round is None or self.only_round == round_
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-
-def shard_elements(cap_mb: float | None, dtype: str, world_size: int) -> int:
-    """Elements of one rank's shard of a bucket (0: bucketing disabled). Same rule in both."""
-    cap = DEFAULT_CAP_MB if cap_mb is None else cap_mb
-    if cap <= 0:
-        return 0
-    itemsize = getattr(torch, dtype).itemsize
-    return int(cap * MiB // itemsize // world_size)
 
 
 def group_members(kind: str, rank: int, world_size: int) -> list[int]:
@@ -149,6 +117,8 @@ def plan(scenario: Scenario) -> list[Call]:
         calls.append(Call((kw.get("big_numel", 800), 2), dtypes[0], layout="transposed"))
     elif kind in ISSUE30_PLANS:
         calls = ISSUE30_PLANS[kind](scenario, dtypes, size)
+    elif kind == "space":  # a generated row's plan (issue 38)
+        calls = plan_space(scenario, dtypes, size)
     else:
         raise ValueError(f"scenario {scenario.id}: unknown bucketer plan {kind!r}")
     return calls
@@ -252,7 +222,8 @@ CORE = ("B1", "B2", "B3", "B5")
 IMMEDIATE, REUSE, GROUPS, FORMS, LAYOUTS, EMPTY, LIFECYCLE, DTYPES = "B4", "B6", "B7", "B8", "B9", "B10", "B11", "B12"
 
 
-def scenarios() -> list[Scenario]:
+def handwritten() -> list[Scenario]:
+    """The hand-written scenarios: the contract's clauses one by one, upstream cases by name."""
     out = [
         make("mixed", "mixed", w=2, cap=TINY, dtypes=MIXED, steps=2,
              description="mixed sizes, shapes and dtypes; tiny cap: many flushes to make room; two rounds"),

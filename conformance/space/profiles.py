@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.space import ddp, ddp_rows, sharded, sharded_rows
+from conformance.space import bucketer, bucketer_rows, ddp, ddp_rows, sharded, sharded_rows
 from conformance.space.covering import Dimension, Space, generate, violations
 from conformance.spec import Scenario
 
@@ -73,6 +73,9 @@ AREAS: dict[str, AreaSpace] = {
     "sharded": AreaSpace("sharded", sharded.DIMENSIONS, sharded.CONSTRAINTS, sharded_rows.scenario,
                          sharded_rows.project, quick_core=("optimizer",), full_values=sharded.FULL_VALUES,
                          tiers=sharded.TIERS),
+    "bucketer": AreaSpace("bucketer", bucketer.DIMENSIONS, bucketer.CONSTRAINTS, bucketer_rows.scenario,
+                          bucketer_rows.project, quick_core=("form", "empty"), full_values=bucketer.FULL_VALUES,
+                          tiers=bucketer.TIERS),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
 TAG = {"quick": "core", "standard": "pairs", "full": "triples"}
