@@ -56,6 +56,20 @@ def replica_rule(dtype: str, replicas: int, straight_through: Tolerance) -> Tole
                    straight_through=straight_through)
 
 
+# Under autocast each replica's matmuls round their partial sums to bfloat16, replayed bitwise
+# by the oracle under the same autocast; the parameters' gradients are fp32 and summed in fp32.
+# The full-batch (straight-through) check keeps the old band: it rounds once where the replicas
+# round per chunk, at most 4 roundings (rtol 4u = 2^-6, u = 2^-8); atol covers a gradient whose
+# rounded partials cancel (integer data: partials below 2^4, each off by at most 2^4 * u).
+AUTOCAST_BAND = Tolerance(False, rtol=2.0 ** -6, atol=2.0 ** -4, reason="bfloat16 autocast: per-replica partial "
+                          "sums rounded to bfloat16 (u = 2^-8), 4 roundings")
+
+
+def autocast_rule(replicas: int) -> Tolerance:
+    """fp32 modules under bfloat16 autocast, replayed replica by replica under the same autocast."""
+    return replica_rule("float32", replicas, AUTOCAST_BAND)
+
+
 def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards: tuple[int, ...] | None = None,
          profiles: frozenset = QUICK, dtype: str = "float32", steps: int = 2, clauses: tuple[str, ...] = (),
          **fields) -> Scenario:
@@ -105,6 +119,25 @@ def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards:
 
 
 def scenarios() -> list[Scenario]:
+    """The hand-written scenarios (pinned) and the covering arrays generated from the area's space
+    around them (`conformance.space.data_parallel`, issue 38)."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    return pinned + generated("data_parallel", pinned)
+
+
+def full_generated() -> list[Scenario]:
+    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    have = {s.id for s in generated("data_parallel", pinned)}
+    return [s for s in generated("data_parallel", pinned, full=True) if s.id not in have]
+
+
+def handwritten() -> list[Scenario]:
+    """The hand-written scenarios: kept by name, counted as covering first."""
     out = [
         make("plain", "mlp", w=1),
         make("plain", "mlp", w=2),
@@ -167,14 +200,7 @@ def kwargs_and_ambient_state_scenarios() -> list[Scenario]:
     """Keyword arguments and the ambient state of the call (issue 30): who / when / how often / inputs / ambient state (docs/contracts/data_parallel.md,
     "Dimension checklist"): keyword arguments, autocast and grad mode in the replicas' threads,
     a mode switch and an evaluation call before training, fp64 per-replica scalars."""
-    # Under autocast each replica's matmuls round their partial sums to bfloat16, replayed bitwise
-    # by the oracle under the same autocast; the parameters' gradients are fp32 and summed in fp32.
-    # The full-batch (straight-through) check keeps the old band: it rounds once where the replicas
-    # round per chunk, at most 4 roundings (rtol 4u = 2^-6, u = 2^-8); atol covers a gradient whose
-    # rounded partials cancel (integer data: partials below 2^4, each off by at most 2^4 * u).
-    band = Tolerance(False, rtol=2.0 ** -6, atol=2.0 ** -4,
-                     reason="bfloat16 autocast: per-replica partial sums rounded to bfloat16 (u = 2^-8), 4 roundings")
-    autocast = {w: replica_rule("float32", w, band) for w in (2, 3)}  # replayed under the same autocast
+    autocast = {w: autocast_rule(w) for w in (2, 3)}
     return [
         make("kwargs", "kwargs-in", w=2, description="module_kwargs: a per-row tensor and a number"),
         make("kwargs", "kwargs-in", w=3, batch=7, profiles=STANDARD),

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.space import ddp, ddp_rows, sharded, sharded_rows
+from conformance.space import data_parallel, data_parallel_rows, ddp, ddp_rows, sharded, sharded_rows
 from conformance.space.covering import Dimension, Space, generate, violations
 from conformance.spec import Scenario
 
@@ -73,6 +73,9 @@ AREAS: dict[str, AreaSpace] = {
     "sharded": AreaSpace("sharded", sharded.DIMENSIONS, sharded.CONSTRAINTS, sharded_rows.scenario,
                          sharded_rows.project, quick_core=("optimizer",), full_values=sharded.FULL_VALUES,
                          tiers=sharded.TIERS),
+    "data_parallel": AreaSpace("data_parallel", data_parallel.DIMENSIONS, data_parallel.CONSTRAINTS,
+                               data_parallel_rows.scenario, data_parallel_rows.project,
+                               quick_core=("grad_mode", "autocast"), full_values=data_parallel.FULL_VALUES),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
 TAG = {"quick": "core", "standard": "pairs", "full": "triples"}
