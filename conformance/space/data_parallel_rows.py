@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conformance.catalogue.data_parallel import EXACT_SUMS, INEXACT_MODELS, autocast_rule, make, replica_rule
+from conformance.catalogue.data_parallel import (
+    EXACT_SUMS,
+    INEXACT_MODELS,
+    autocast_rule,
+    make,
+    replica_rule,
+)
 from conformance.space.data_parallel import DIMENSIONS, FULL_VALUES
 from conformance.spec import Scenario, float_tolerance
 

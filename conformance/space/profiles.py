@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.space import data_parallel, data_parallel_rows, ddp, ddp_rows, sharded, sharded_rows
+from conformance.space import (
+    data_parallel,
+    data_parallel_rows,
+    ddp,
+    ddp_rows,
+    sharded,
+    sharded_rows,
+)
 from conformance.space.covering import Dimension, Space, generate, violations
 from conformance.spec import Scenario
 
