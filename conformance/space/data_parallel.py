@@ -23,20 +23,20 @@ from conformance.space.covering import Constraint, Dimension
 MODELS: dict[str, frozenset[str]] = {
     "mlp": frozenset(),
     "dict-in": frozenset({"nested-in"}),
-    "tuple-in": frozenset({"nested-in", "nested-out"}),
-    "multi-arg": frozenset({"nested-in", "nested-out"}),
+    "tuple-in": frozenset({"nested-in", "nested-out", "reused"}),
+    "multi-arg": frozenset({"nested-in", "nested-out", "reused"}),
     "nested-io": frozenset({"nested-in", "nested-out"}),
     "batch-dim1": frozenset({"dim"}),
     "batch-last": frozenset({"dim"}),
     "kwargs-in": frozenset({"kwargs"}),
     "kwargs-dim1": frozenset({"kwargs", "dim"}),
     "scalar-out": frozenset({"per-chunk"}),
-    "cnn-bn-eval": frozenset({"buffers"}),
-    "cnn-bn-train": frozenset({"buffers", "per-chunk"}),
+    "cnn-bn-eval": frozenset({"buffers", "rounds"}),
+    "cnn-bn-train": frozenset({"buffers", "per-chunk", "rounds"}),
     "frozen": frozenset(),
-    "tied": frozenset(),
+    "tied": frozenset({"reused", "rounds"}),
     "embedding": frozenset({"index-input"}),
-    "transformer": frozenset(),
+    "transformer": frozenset({"rounds"}),
 }
 
 DIMENSIONS: tuple[Dimension, ...] = (
@@ -99,15 +99,27 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _c("autocast-one-call-band", "autocast's straight-through band counts one forward's bf16 roundings; over "
        "optimizer steps they compound with no bound derived", ("autocast", "optimizer"),
        lambda a: a["autocast"] == "off" or a["optimizer"] == "none"),
-    _c("autocast-tied-cast-cache", "autocast caches one bf16 cast of a leaf parameter, so the oracle's replay sums a "
-       "tied weight's two uses in bf16, while a replica's parameters are not leaves (replicate's copies): each use "
-       "is cast on its own and the uses sum in fp32; which one a replica does is not modelled",
-       ("model", "autocast"), lambda a: a["model"] != "tied" or a["autocast"] == "off"),
+    _c("autocast-reused-weight-cast", "autocast caches one bf16 cast of a leaf parameter, so the oracle's replay sums "
+       "the uses of a weight used twice (tied, tuple-in's and multi-arg's shared layers) in bf16, while a replica's "
+       "parameters are not leaves (replicate's copies): each use is cast on its own and the uses sum in fp32; which "
+       "one a replica does is not modelled", ("model", "autocast"),
+       lambda a: not trait(a, "reused") or a["autocast"] == "off"),
     _c("autocast-band-linear", "autocast's straight-through band counts the bf16 roundings of a chain of linear maps; "
        "the transformer's softmax and LayerNorm amplify them (no bound derived; the replayed replicas pass)",
        ("model", "autocast"), lambda a: a["model"] != "transformer" or a["autocast"] == "off"),
-    _c("adam-two-replicas", "Adam normalizes each element by its own history: a summation-order difference in a "
-       "near-zero gradient (at 3+ replicas; the transformer's LayerNorm at any count) becomes a full-size step, past "
-       "the straight-through band (no bound derived; the re-anchored replicas pass)", ("optimizer", "replicas", "model"),
-       lambda a: a["optimizer"] != "adam" or (a["replicas"] <= 2 and a["model"] != "transformer")),
+    _c("adam-two-replicas", "Adam's first step is +-lr for any nonzero gradient: where values round (3+ replicas; "
+       "softmax, normalization, tied products past fp32's integers) an element whose gradient is exactly zero comes "
+       "out as rounding noise in one split and not in the other, a full-size step apart, past the straight-through "
+       "band (no bound derived; the re-anchored replicas pass)", ("optimizer", "replicas", "model"),
+       lambda a: a["optimizer"] != "adam" or (a["replicas"] <= 2 and not trait(a, "rounds"))),
+    _c("tied-no-steps", "the tied model's five integer layers reach 1e8 and its SGD steps 1e17: the straight-through "
+       "band (rows x u, no bound derived) does not compound that far (the re-anchored replicas pass)",
+       ("model", "optimizer"), lambda a: a["model"] != "tied" or a["optimizer"] == "none"),
+    _c("transformer-fp32", "the transformer's straight-through band (rows x u, no bound derived) is calibrated in "
+       "fp32; in fp64 its softmax and LayerNorm leave it by 75-330 ulps between splits (the replayed replicas pass)",
+       ("model", "dtype"), lambda a: a["model"] != "transformer" or a["dtype"] == "fp32"),
+    _c("mixed-dtype-plain", "the mixed-dtype model's fp64 layer meets its fp32 ones: an fp64 module breaks the mix "
+       "(mat1 and mat2 dtypes), and after an SGD step a ReLU input that is exactly zero in exact arithmetic takes "
+       "the other branch in one split (a whole integer apart straight through)", ("model", "dtype", "optimizer"),
+       lambda a: a["model"] != "mixed-dtype" or (a["dtype"] == "fp32" and a["optimizer"] == "none")),
 )
