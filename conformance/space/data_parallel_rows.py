@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conformance.catalogue.data_parallel import (
+from conformance.catalogue.data_parallel_scenario import (
     EXACT_SUMS,
     INEXACT_MODELS,
     autocast_rule,
