@@ -18,5 +18,6 @@ AREA = AreaEntry(
     mutants="conformance.mutants.data_parallel",
     controls=("refimpl-data-parallel",),
     independent="conformance.mutants.independent.data_parallel",
+    interactions="conformance.mutants.independent.interactions_data_parallel",
     in_process=True,
 )

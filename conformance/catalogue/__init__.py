@@ -36,9 +36,16 @@ def _bucketer_full_generated() -> list[Scenario]:
     return bucketer_generated.full_generated()
 
 
+def _data_parallel_full_generated() -> list[Scenario]:
+    from conformance.catalogue import data_parallel
+
+    return data_parallel.full_generated()
+
+
 # The generated full profile of an area (`conformance.space.profiles`): built only when selected.
 GENERATED: dict[str, Callable[[], list[Scenario]]] = {"ddp": _ddp_full_generated, "sharded": _sharded_full_generated,
-                                                      "bucketer": _bucketer_full_generated}
+                                                      "bucketer": _bucketer_full_generated,
+                                                      "data_parallel": _data_parallel_full_generated}
 
 
 @functools.cache

@@ -18,93 +18,37 @@ stays as the straight-through check's: the full-batch module trained from the se
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from conformance.catalogue.profiles import FULL, QUICK, STANDARD
-from conformance.catalogue.profiles import SHORT_DTYPE as SHORT
-from conformance.spec import Capability as C
-from conformance.spec import Scenario, Tolerance, float_tolerance, summation_order
-
-# Values outside fp32's exact-integer range (tied: five integer layers reach 1e8) or non-dyadic.
-EXACT_SUMS = Tolerance(True, reason="exact: small-integer data, so sums over replicas and rows are exact in any order")
-INEXACT_MODELS = {"transformer", "cnn-bn-eval", "cnn-bn-train", "tied"}
-# Clauses of docs/contracts/data_parallel.md. Every scenario checks outputs and parameter
-# gradients; the others are named by the scenarios that exercise them (or derived in `make`).
-CORE = ("D1", "D2")
-ACCUMULATE, SPLIT, IN_NESTED, OUT_NESTED, DIM, INPUT_GRAD = "D3", "D4", "D5", "D6", "D7", "D8"
-BUFFERS, MODE, GRAD_MODE, DTYPES, FROZEN_TIED, SCALARS = "D9", "D10", "D11", "D12", "D13", "D14"
-THREAD_STATE, MODULE_KWARGS = "D15", "D16"  # issue 30
-MODEL_CLAUSES = {
-    "dict-in": (IN_NESTED,), "tuple-in": (IN_NESTED, OUT_NESTED), "multi-arg": (IN_NESTED, OUT_NESTED),
-    "nested-io": (IN_NESTED, OUT_NESTED), "batch-dim1": (DIM,), "batch-last": (DIM,),
-    "cnn-bn-eval": (BUFFERS, MODE), "cnn-bn-train": (BUFFERS, MODE), "frozen": (FROZEN_TIED,),
-    "tied": (FROZEN_TIED,), "mixed-dtype": (DTYPES,), "scalar-out": (SCALARS,),
-    "kwargs-in": (MODULE_KWARGS, IN_NESTED), "kwargs-dim1": (MODULE_KWARGS, DIM),
-}
-
-
-def replica_rule(dtype: str, replicas: int, straight_through: Tolerance) -> Tolerance:
-    """Inexact values, judged replica by replica (`conformance.oracle.replica_oracle`): each replica's
-    gradient is replayed on the implementation's split, so only the sum over replicas can round
-    differently: bitwise at 1-2 replicas (one order), bitwise to a summation order at 3-4. The old
-    band stays as the full-batch, straight-through check's."""
-    if replicas <= 2:
-        return Tolerance(True, reason=f"{dtype}: replicas replayed on the implementation's split; a sum of at most "
-                                      "two replicas is order-free", straight_through=straight_through)
-    return replace(summation_order(dtype, replicas, f"{dtype}: the sum of {replicas} replicas' gradients in an "
-                                                    "order the implementation picks"),
-                   straight_through=straight_through)
-
-
-def make(name: str, model: str, *, w: int = 2, batch: int | None = None, shards: tuple[int, ...] | None = None,
-         profiles: frozenset = QUICK, dtype: str = "float32", steps: int = 2, clauses: tuple[str, ...] = (),
-         **fields) -> Scenario:
-    if shards is None:
-        batch = batch if batch is not None else 4 * w
-        base, extra = divmod(batch, w)
-        shards = tuple(base + (1 if r < extra else 0) for r in range(w))
-    rows = sum(shards)
-    optimizer = fields.pop("optimizer", "none")
-    exact = model not in INEXACT_MODELS and dtype in ("float32", "float64") and optimizer == "none"
-    if exact:
-        tolerance = EXACT_SUMS
-    else:
-        tolerance = replica_rule(dtype, w, float_tolerance(dtype, rows, f"{dtype}: batch sums over {rows} rows in "
-                                                                         "another split, compounding over steps"))
-    requires = {C.HALF_PRECISION} if dtype in ("float16", "bfloat16") else set()
-    switches = fields.pop("switches", {})
-    derived = set(CORE) | set(clauses) | set(MODEL_CLAUSES.get(model, ()))
-    if optimizer == "none" and steps > 1:
-        derived.add(ACCUMULATE)
-    if dtype != "float32":
-        derived.add(DTYPES)
-    if any(s != shards[0] for s in shards) or rows < w:
-        derived.add(SPLIT)
-    derived |= {INPUT_GRAD} if switches.get("input_grad") else set()
-    derived |= {GRAD_MODE} if switches.get("no_grad") or switches.get("no_grad_first") else set()
-    derived |= {THREAD_STATE} if switches.get("autocast") or switches.get("no_grad_first") else set()
-    derived |= {MODE} if switches.get("eval_last") else set()
-    return Scenario(
-        id=f"data_parallel/{name}/{model}/r{w}/{SHORT[dtype]}",
-        area="data_parallel",
-        model=model,
-        dtype=dtype,
-        world_size=w,
-        shard_sizes=shards,
-        steps=steps,
-        optimizer=optimizer,
-        tolerance=fields.pop("tolerance", tolerance),
-        exact_data=fields.pop("exact_data", exact or dtype in ("float16", "bfloat16")),
-        requires=frozenset(requires),
-        buffer_rule="unchanged",
-        profiles=profiles,
-        model_kwargs=tuple(sorted(switches.items())),
-        clauses=tuple(sorted(derived, key=lambda c: int(c[1:]))),
-        **fields,
-    )
+from conformance.catalogue.data_parallel_scenario import (  # noqa: F401 - the catalogue's names, kept here
+    EXACT_SUMS,
+    INEXACT_MODELS,
+    autocast_rule,
+    make,
+    replica_rule,
+)
+from conformance.catalogue.profiles import FULL, STANDARD
+from conformance.spec import Scenario
 
 
 def scenarios() -> list[Scenario]:
+    """The hand-written scenarios (pinned) and the covering arrays generated from the area's space
+    around them (`conformance.space.data_parallel`, issue 38)."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    return pinned + generated("data_parallel", pinned)
+
+
+def full_generated() -> list[Scenario]:
+    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
+    from conformance.space.profiles import generated
+
+    pinned = handwritten()
+    have = {s.id for s in generated("data_parallel", pinned)}
+    return [s for s in generated("data_parallel", pinned, full=True) if s.id not in have]
+
+
+def handwritten() -> list[Scenario]:
+    """The hand-written scenarios: kept by name, counted as covering first."""
     out = [
         make("plain", "mlp", w=1),
         make("plain", "mlp", w=2),
@@ -167,14 +111,7 @@ def kwargs_and_ambient_state_scenarios() -> list[Scenario]:
     """Keyword arguments and the ambient state of the call (issue 30): who / when / how often / inputs / ambient state (docs/contracts/data_parallel.md,
     "Dimension checklist"): keyword arguments, autocast and grad mode in the replicas' threads,
     a mode switch and an evaluation call before training, fp64 per-replica scalars."""
-    # Under autocast each replica's matmuls round their partial sums to bfloat16, replayed bitwise
-    # by the oracle under the same autocast; the parameters' gradients are fp32 and summed in fp32.
-    # The full-batch (straight-through) check keeps the old band: it rounds once where the replicas
-    # round per chunk, at most 4 roundings (rtol 4u = 2^-6, u = 2^-8); atol covers a gradient whose
-    # rounded partials cancel (integer data: partials below 2^4, each off by at most 2^4 * u).
-    band = Tolerance(False, rtol=2.0 ** -6, atol=2.0 ** -4,
-                     reason="bfloat16 autocast: per-replica partial sums rounded to bfloat16 (u = 2^-8), 4 roundings")
-    autocast = {w: replica_rule("float32", w, band) for w in (2, 3)}  # replayed under the same autocast
+    autocast = {w: autocast_rule(w) for w in (2, 3)}
     return [
         make("kwargs", "kwargs-in", w=2, description="module_kwargs: a per-row tensor and a number"),
         make("kwargs", "kwargs-in", w=3, batch=7, profiles=STANDARD),

@@ -30,7 +30,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.space import bucketer, bucketer_rows, ddp, ddp_rows, sharded, sharded_rows
+from conformance.space import (
+    bucketer,
+    bucketer_rows,
+    data_parallel,
+    data_parallel_rows,
+    ddp,
+    ddp_rows,
+    sharded,
+    sharded_rows,
+)
 from conformance.space.covering import Dimension, Space, generate, violations
 from conformance.spec import Scenario
 
@@ -76,6 +85,9 @@ AREAS: dict[str, AreaSpace] = {
     "bucketer": AreaSpace("bucketer", bucketer.DIMENSIONS, bucketer.CONSTRAINTS, bucketer_rows.scenario,
                           bucketer_rows.project, quick_core=("form", "empty"), full_values=bucketer.FULL_VALUES,
                           tiers=bucketer.TIERS),
+    "data_parallel": AreaSpace("data_parallel", data_parallel.DIMENSIONS, data_parallel.CONSTRAINTS,
+                               data_parallel_rows.scenario, data_parallel_rows.project,
+                               quick_core=("grad_mode", "autocast"), full_values=data_parallel.FULL_VALUES),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
 TAG = {"quick": "core", "standard": "pairs", "full": "triples"}
