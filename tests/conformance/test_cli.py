@@ -175,6 +175,9 @@ def test_an_infrastructure_failure_is_an_error_everywhere(env, monkeypatch):
     """A pool that cannot start (here: a startup budget nobody can meet) is retried once, then
     reported as an `error` of class infrastructure: in JSON, JUnit and the terminal, never `failed`."""
     monkeypatch.setenv("GRADPARITY_STARTUP_TIMEOUT", "0.01")
+    # spawned ranks: a world forked from the fork server can be ready within one poll of the
+    # coordinator (0.5 s), before the budget is ever checked
+    monkeypatch.setenv("GRADPARITY_START_METHOD", "spawn")
     result = env.run("gradparity", "run", "--adapter", "torch-ddp", "--scenario", "ddp/plain/mlp/w2/fp32",
                      "--scenario", "ddp/no-sync/mlp/w2/fp32", "-x", "--report-dir", "out", timeout=300)
     assert result.ret == 3, "only infrastructure errors: exit status 3, not a failure (1)"
