@@ -56,6 +56,11 @@ from conformance.plan import make_plan
 from conformance.topology import Topology
 from conformance.validation import UsageError
 
+# Rank 0 writes its reports after every case and a SIGTERM thread may write them at any moment:
+# one writer at a time (both would write the same temporary files), and none after the summary.
+_REPORTING = threading.Lock()
+_FINISHED = threading.Event()
+
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m conformance.frontends.torchrun")
@@ -240,40 +245,46 @@ def _finish(args, selection, results: list[CaseResult], world_run, unmatched: li
     """Rank 0: the reports, the summary and the recording; the exit status."""
     from conformance.report.terminal import print_run_summary
 
-    written = _write(args, selection, results, [], world_run.broken)
-    records = [r.record() for r in results]
-    print_run_summary(records, written, unmatched, stopped=world_run.broken)
-    if getattr(args, "recorder", None) is not None:
-        index = args.recorder.finish(args.run_info, stopped=world_run.broken or None)
-        print(f"recording: {args.record} ({len(index['case_files'])} cases, {index['bytes'] / 1e6:.1f} MB)", flush=True)
-    return _exit_status(records)
+    with _REPORTING:  # a SIGTERM from now on waits for the summary, then goes without a second one
+        _FINISHED.set()
+        written = _write(args, selection, results, [], world_run.broken, locked=True)
+        records = [r.record() for r in results]
+        print_run_summary(records, written, unmatched, stopped=world_run.broken)
+        if getattr(args, "recorder", None) is not None:
+            index = args.recorder.finish(args.run_info, stopped=world_run.broken or None)
+            print(f"recording: {args.record} ({len(index['case_files'])} cases, {index['bytes'] / 1e6:.1f} MB)",
+                  flush=True)
+        return _exit_status(records)
 
 
 def _on_sigterm(args, selection, results: list[CaseResult], cases: list[Case], unmatched: list[str]) -> None:
     """The torchrun agent stops every rank once one has exited (e.g. an expected crash): rank 0
     then still says what happened — the report with every case, and the summary — before it goes."""
-    def stop(signum, frame):  # noqa: ARG001
+    def stop() -> None:
         from conformance.report.terminal import print_run_summary
 
-        why = "the torchrun agent stopped rank 0 (SIGTERM) after another rank exited; see the agent's log"
-        written = _write(args, selection, results, cases[len(results):], why)
-        print(f"gradparity torchrun: {why}", flush=True)
-        print_run_summary([r.record() for r in results] + [never_ran(c, why).record() for c in cases[len(results):]],
-                          written, unmatched, stopped=why)
+        _REPORTING.acquire()  # the main thread may be writing the reports: let it finish them
+        if not _FINISHED.is_set():
+            why = "the torchrun agent stopped rank 0 (SIGTERM) after another rank exited; see the agent's log"
+            written = _write(args, selection, results, cases[len(results):], why, locked=True)
+            print(f"gradparity torchrun: {why}", flush=True)
+            print_run_summary([r.record() for r in results] + [never_ran(c, why).record() for c in cases[len(results):]],
+                              written, unmatched, stopped=why)
         sys.stdout.flush()
         os._exit(1)
 
     # A Python handler runs only between bytecodes of the main thread, and rank 0 may be blocked
     # in a collective with the rank that died (gloo waits out its timeout) past the agent's 30 s
     # grace, then SIGKILLed with no report. So the signal is blocked in this thread (and the
-    # threads it starts later) and a thread of its own waits for it; the handler stays for a
-    # thread that existed before and receives it.
-    signal.signal(signal.SIGTERM, stop)
+    # threads it starts later) and a thread of its own waits for it. A thread started before
+    # (gloo's) may still take it: the Python handler then runs `stop` in a new thread, since the
+    # main thread may hold the reports' lock.
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=stop, daemon=True).start())
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
     def wait_for_sigterm() -> None:
         signal.sigwait({signal.SIGTERM})
-        stop(signal.SIGTERM, None)
+        stop()
 
     threading.Thread(target=wait_for_sigterm, name="gradparity-sigterm", daemon=True).start()
 
@@ -297,8 +308,11 @@ def _progress(index: int, total: int, result: CaseResult) -> None:
     print(f"[{index + 1}/{total}] {result.verdict.upper():7} {result.case.id}{why}", flush=True)
 
 
-def _write(args, selection, results: list[CaseResult], left: list[Case], broken: str) -> dict:
+def _write(args, selection, results: list[CaseResult], left: list[Case], broken: str, locked: bool = False) -> dict:
     """Every planned case is in the report: the ones not reached yet as errors that say why."""
+    if not locked:
+        with _REPORTING:
+            return _write(args, selection, results, left, broken, locked=True)
     from conformance.report import write_reports
 
     why = broken or "the run stopped before this case (a rank aborted, or the torchrun agent ended the world)"

@@ -40,7 +40,7 @@ from conformance.space import (
     sharded,
     sharded_rows,
 )
-from conformance.space.covering import Dimension, Space, generate, violations
+from conformance.space.covering import Dimension, Row, Space, excluded, generate, violations
 from conformance.spec import Scenario
 
 STORE = Path(__file__).parent / "generated"
@@ -181,3 +181,39 @@ def write_store(area: str, pinned: list[Scenario], profiles: Iterable[str] = ("q
                 "fingerprint": key_of(area, profile, rows), "rows": fresh}
         (STORE / f"{area}-{profile}.json").write_text(json.dumps(data, indent=0) + "\n")
         print(f"{area} {profile}: {len(fresh)} rows", file=sys.stderr)
+        if profile != "quick":
+            store_exclusions(area, profile)
+
+
+def store_exclusions(area: str, profile: str) -> None:
+    """Add the space's excluded pairs to its stored array: `[i, v, j, w, [constraint, ...]]`, the
+    dimensions' and values' indices. Proving a pair excluded is a search over every completion
+    (tens of seconds for DDP), and every report counts the pairs: a torchrun rank 0 writing its
+    report after each case outlived the agent's grace period computing them."""
+    path = STORE / f"{area}-{profile}.json"
+    data = json.loads(path.read_text())
+    space = AREAS[area].space(profile)
+    names = [d.name for d in space.dimensions]
+    reprs = [[repr(v) for v in d.values] for d in space.dimensions]
+    rows = []
+    for pair, why in excluded(space, 2):
+        (a, va), (b, vb) = pair.items()
+        i, j = names.index(a), names.index(b)
+        rows.append([i, reprs[i].index(repr(va)), j, reprs[j].index(repr(vb)), list(why)])
+    data["excluded_pairs"] = {"fingerprint": fingerprint(space, 2, ()), "pairs": rows}
+    path.write_text(json.dumps(data, indent=0) + "\n")
+    print(f"{area} {profile}: {len(rows)} excluded pairs", file=sys.stderr)
+
+
+def exclusions(area: str, profile: str) -> list[tuple[Row, tuple[str, ...]]]:
+    """The pairs of the area's space for `profile` (quick's is standard's) that its constraints
+    exclude, each with the constraints' names: the stored ones when current, else computed."""
+    profile = "standard" if profile == "quick" else profile
+    space = AREAS[area].space(profile)
+    path = STORE / f"{area}-{profile}.json"
+    stored = json.loads(path.read_text()).get("excluded_pairs") if path.exists() else None
+    if not stored or stored["fingerprint"] != fingerprint(space, 2, ()):
+        return excluded(space, 2)
+    dims = space.dimensions
+    return [({dims[i].name: dims[i].values[v], dims[j].name: dims[j].values[w]}, tuple(why))
+            for i, v, j, w, why in stored["pairs"]]
