@@ -8,7 +8,7 @@ AREA = AreaEntry(
     name="bucketer",
     order=3,
     about="bucketed reduce-scatter = exact sum of chunks; callbacks exactly once, in order",
-    catalogue="conformance.catalogue.bucketer_generated:scenarios",
+    catalogue="conformance.catalogue.bucketer:handwritten",
     runner="conformance.runners.bucketer",
     oracle="conformance.oracle.bucketer:expected_result",
     adapters={

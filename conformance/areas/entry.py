@@ -18,7 +18,7 @@ class AreaEntry:
     name: str
     order: int  # where the area comes in every list of areas (CLI choices, plans, reports)
     about: str  # one line: what is checked
-    catalogue: str  # "module:function": every scenario of the area (each profile's filter is the catalogue's)
+    catalogue: str  # "module:function": the hand-written scenarios (with the generated arrays around them: `catalogue.scenarios`)
     runner: str  # module with the rank task `run(payload, ctx)` and `judge(scenario, adapter_spec, records)`
     oracle: str  # "module:function": what the judge compares with (in conformance/oracle/)
     adapters: dict[str, str] = field(default_factory=dict)  # built-in adapters: name -> "module:factory"

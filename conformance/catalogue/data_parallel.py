@@ -29,24 +29,6 @@ from conformance.catalogue.profiles import FULL, STANDARD
 from conformance.spec import Scenario
 
 
-def scenarios() -> list[Scenario]:
-    """The hand-written scenarios (pinned) and the covering arrays generated from the area's space
-    around them (`conformance.space.data_parallel`, issue 38)."""
-    from conformance.space.profiles import generated
-
-    pinned = handwritten()
-    return pinned + generated("data_parallel", pinned)
-
-
-def full_generated() -> list[Scenario]:
-    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
-    from conformance.space.profiles import generated
-
-    pinned = handwritten()
-    have = {s.id for s in generated("data_parallel", pinned)}
-    return [s for s in generated("data_parallel", pinned, full=True) if s.id not in have]
-
-
 def handwritten() -> list[Scenario]:
     """The hand-written scenarios: kept by name, counted as covering first."""
     out = [

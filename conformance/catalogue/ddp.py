@@ -18,28 +18,6 @@ from conformance.spec import Expect, Scenario, WrapOptions
 ZERO_GRADIENT_MODELS = frozenset({"transformer", "cnn-bn"})
 
 
-def scenarios(area: str = "ddp") -> list[Scenario]:
-    """Every DDP-contract scenario; `area="sharded"` reuses them for sharded implementations.
-
-    For ddp: the hand-written ones (pinned) and the covering arrays generated from the area's
-    space around them (`conformance.space`)."""
-    pinned = handwritten(area)
-    if area != "ddp":
-        return pinned
-    from conformance.space.profiles import generated
-
-    return pinned + generated("ddp", pinned)
-
-
-def full_generated() -> list[Scenario]:
-    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
-    from conformance.space.profiles import generated
-
-    pinned = handwritten("ddp")
-    have = {s.id for s in generated("ddp", pinned)}
-    return [s for s in generated("ddp", pinned, full=True) if s.id not in have]
-
-
 def handwritten(area: str = "ddp") -> list[Scenario]:
     """The hand-written scenarios (upstream regressions by name, the zoo's families)."""
     m = lambda *a, **k: make(*a, area=area, **k)  # noqa: E731

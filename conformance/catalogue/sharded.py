@@ -1,7 +1,7 @@
 """The `sharded` scenario catalogue: the DDP contract, checked on gathered gradients and
 parameters (issue 6).
 
-The scenarios are the DDP catalogue's (`conformance.catalogue.ddp.scenarios(area="sharded")`,
+The scenarios are the DDP catalogue's (`conformance.catalogue.ddp.handwritten(area="sharded")`,
 ids `sharded/...`), minus what is DDP machinery rather than data-parallel semantics:
 comm hooks, `gradient_as_bucket_view`, `static_graph` and sparse gradients (no sharded
 implementation here offers them; refimpl's sharded engine rejects sparse gradients by design).
@@ -57,7 +57,7 @@ def applies(s: Scenario) -> bool:
 def handwritten() -> list[Scenario]:
     """The hand-written sharded scenarios: the DDP catalogue's that apply, and the sharded families."""
     out = []
-    for s in ddp.scenarios(area="sharded"):
+    for s in ddp.handwritten(area="sharded"):
         if not applies(s):
             continue
         if s.model in BUFFER_READING_MODELS:
@@ -82,28 +82,6 @@ def handwritten() -> list[Scenario]:
             + sharded_precision.scenarios() + sharded_clip.scenarios() + sharded_hsdp.scenarios())
 
 
-def scenarios() -> list[Scenario]:
-    """The hand-written scenarios (pinned) and the covering arrays generated from the area's space
-    around them (`conformance.space.sharded`, issue 38)."""
-    from conformance.space.profiles import generated
-
-    pinned = handwritten()
-    return pinned + generated("sharded", pinned)
-
-
-def full_generated() -> list[Scenario]:
-    """The strength-3 rows of full that quick and standard's arrays do not already hold."""
-    from conformance.space.profiles import generated
-
-    pinned = handwritten()
-    have = {s.id for s in generated("sharded", pinned)}
-    return [s for s in generated("sharded", pinned, full=True) if s.id not in have]
-
-
-# -- issue 26: the dimensions FSDP2's own tests cover --------------------------------------------
-# Options that change *where* values live and when they are gathered, never what they are: the
-# oracle is the plain data-parallel one, so every scenario here is judged like `plain`, shard by
-# shard (S12) as well. FSDP2's tests run them at 4-8 ranks; tiny models keep w8 on 2 cores.
 def fsdp_depth_scenarios() -> list[Scenario]:
     from conformance.catalogue.ddp_scenario import make
     from conformance.catalogue.profiles import FULL, QUICK, STANDARD

@@ -4,7 +4,7 @@ Plain data, as the DDP and sharded areas' (`conformance.space.ddp`, `.sharded`):
 plan of `reduce_scatter_async` calls (`conformance.catalogue.bucketer_space` builds it) and
 the rounds, call form and lifecycle around it; `conformance.space.bucketer_rows` turns a row into
 a `Scenario`, `conformance.space.profiles` generates the profiles, and
-`conformance.catalogue.bucketer_generated` (the area's catalogue) puts them after the pinned ones. The first value of each
+`conformance.catalogue.scenarios` puts them after the pinned ones. The first value of each
 dimension is its default (what most hand-written scenarios use: the tiny cap, one fp32 input per
 call on WORLD, positional, one round). Every value is judged by the area's exact rules
 (`conformance.runners.bucketer`: bitwise integer sums, exactly-once callbacks, the order both

@@ -28,7 +28,8 @@ def test_an_entry_names_pieces_that_exist(entry):
     a = area.AREAS[entry.name]
     runner = importlib.import_module(entry.runner)
     assert (a.task, a.judge) == (runner.run, runner.judge)
-    assert a.scenarios is areas.resolve(entry.catalogue) and a.oracle is areas.resolve(entry.oracle)
+    assert catalogue.HANDWRITTEN[entry.name] is areas.resolve(entry.catalogue) and a.oracle is areas.resolve(entry.oracle)
+    assert a.scenarios is catalogue.SCENARIOS[entry.name]
     assert entry.oracle.startswith("conformance.oracle.")
     assert {s.area for s in a.scenarios()} == {entry.name}
     for ref in entry.adapters.values():

@@ -10,15 +10,9 @@ import json
 
 import pytest
 
-from conformance.catalogue import bucketer as bucketer_catalogue
-from conformance.catalogue import data_parallel as data_parallel_catalogue
-from conformance.catalogue import ddp as ddp_catalogue
-from conformance.catalogue import sharded as sharded_catalogue
+from conformance.catalogue import HANDWRITTEN
 from conformance.space import profiles
 
-HANDWRITTEN = {"ddp": ddp_catalogue.handwritten, "sharded": sharded_catalogue.handwritten,
-               "bucketer": bucketer_catalogue.handwritten,
-               "data_parallel": data_parallel_catalogue.handwritten}
 CASES = [(area, profile) for area in profiles.AREAS for profile in profiles.STRENGTH]
 
 
