@@ -60,10 +60,12 @@ def unsupported(adapter, scenario) -> str | None:
     if not getattr(scenario, "features", None):
         return None
     feats = Features.of(scenario)
-    if feats.resume_order not in ("", "wrap-load") and not ddp_module(adapter):
+    if feats.resume_order not in ("", "wrap-load") and (not ddp_module(adapter) or getattr(adapter, "checkpoint_api", False)):
+        # torch-zero is DDP-like but restores model and optimizer together through its own API
+        # (ZeroRedundancyOptimizer's consolidated state): the order is the engine's, one call after building.
         return (f"resume order {feats.resume_order}: loading the module's state before wrapping, or the optimizer's "
                 "apart from the model's, needs torch DDP's state_dict (adapter.ddp_module), not an engine's own "
-                "checkpoint API")
+                "checkpoint API (adapter.checkpoint_api: one call restores both, after building)")
     if feats.grad_scaler and "backward" in owns:
         return "the engine owns backward (protocol v2), so the loss it is given cannot be scaled by a GradScaler"
     if feats.compile == "wrapper" and not ddp_module(adapter):

@@ -77,3 +77,17 @@ def test_an_engine_that_owns_the_optimizer_has_none_to_build_before_wrapping():
     owner.checkpoint_api = True
     assert "needs torch DDP's state_dict" in unsupported(owner, late)
     assert unsupported(registry.load("torch-ddp"), late) is None
+
+
+def test_a_resume_order_other_than_wrap_load_needs_torch_ddps_state_dict_not_an_engines_checkpoint_api():
+    # torch-zero is DDP-like, but its round trip restores model and optimizer in one call after
+    # building (ZeroRedundancyOptimizer's consolidated state): loading the module before wrapping
+    # fed that checkpoint to the bare module ("Unexpected key(s): model, optimizer").
+    standard = [s for s in catalogue.select(area="ddp", profile="standard") if "build-optimizer-first" not in s.id]
+    rows = [s for s in standard if "reload-load-wrap" in s.id]
+    late = [s for s in standard if "reload-optimizer-late" in s.id]
+    assert rows and late
+    zero, ddp = registry.load("torch-zero"), registry.load("refimpl-ddp")
+    for s in (rows[0], late[0]):
+        assert "checkpoint API" in unsupported(zero, s)
+        assert unsupported(ddp, s) is None
