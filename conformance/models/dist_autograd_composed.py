@@ -67,6 +67,15 @@ def fail_node(scenario) -> int | None:
     return scenario.world_size - 1 if spec["topology"] in ("chain", "fan-out") else 1
 
 
+def after_failure(scenario) -> tuple:
+    """(scenario, kind) the context after a failed pass runs: a generated row's own composition
+    without the error (so every value of the row has its gradients judged too), else `simple`."""
+    if scenario.model != COMPOSED:
+        return scenario, "simple"
+    row = tuple((k, "none" if k == "error" else v) for k, v in scenario.model_kwargs)
+    return scenario.with_(model_kwargs=row), COMPOSED
+
+
 def param_as(mode: str, seed: int, k: int, dtype: str) -> torch.Tensor:
     """The parameter worker `k` owns in a generated composition (named to end with its owner)."""
     name = f"c{dtype}w{k}"

@@ -17,7 +17,10 @@ The `remote-error` scenario (and a generated row with a failing backward: its la
 `dist_autograd_composed.fail_node`) instead requires the backward to raise on the caller with
 "Error on Node 2" (the worker whose backward failed; torch prefixes one "Error on Node N: " per
 hop back, so the innermost one counts) and the original message, no context left
-behind anywhere, and a following backward in a new context to be right. `contexts-meet`
+behind anywhere, and a following backward in a new context to be right (a generated row's
+next context runs its own composition without the error: `dist_autograd_composed.after_failure`).
+A generated row with two contexts runs its composition again in a second context once the first
+has exited: each must hold its own passes' gradients, never the first's added in. `contexts-meet`
 (A18) has a second caller, worker 1 (dist_autograd_meet.py): its context's id must differ from
 worker 0's, and each context is compared with local autograd over its own caller's leaves.
 The readers every worker runs (gradients by name, debug info, the cleanup wait) are in
@@ -107,7 +110,8 @@ def run(payload, ctx) -> dict:
         else:
             record["main"] = _one_context(adapter, mode, scenario, kind, passes)
         if composed.fail_node(scenario) is not None:
-            record["after"] = _one_context(adapter, mode, scenario, "simple", 1)
+            after, after_kind = composed.after_failure(scenario)
+            record["after"] = _one_context(adapter, mode, after, after_kind, 1)
         elif composed.contexts_of(scenario) == 2:  # a second context after the first: its own gradients
             record["second"] = _one_context(adapter, mode, scenario, kind, passes)
         record["seconds"] = time.perf_counter() - t0
@@ -241,7 +245,8 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
                 f"as 'Error on Node {fail_at}' and carry the original message {ERROR_TEXT!r}; got: {message[:500]}"
                 f"\n  repro: {repro}")
         count = _compare_passes(scenario, adapter_spec, kind, main, {}, repro, " (failed pass)")
-        count += _compare_passes(scenario, adapter_spec, "simple", rec["after"], oracle(scenario, "simple"), repro,
+        after, after_kind = composed.after_failure(scenario)
+        count += _compare_passes(scenario, adapter_spec, after_kind, rec["after"], oracle(after, after_kind), repro,
                                  " (next context, after the failed pass)")
         return Checked(count, accepted_error=message.splitlines()[0][:200], details={"seconds": rec.get("seconds")})
     if main["error"]:

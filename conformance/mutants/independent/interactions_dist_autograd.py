@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 
 import torch
 
@@ -111,7 +110,7 @@ class HopRRefDetached(Correct):
 
 
 # -- a slip on the callee: the target is wrapped so that it runs there, in the call's context ------
-_CARRY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tensor -> its last gradient here
+_CARRY: dict[int, tuple] = {}  # id(tensor) -> (tensor, its last gradient here): tensors hash by id, compare by value
 _CARRY_FIRED = [0]
 
 
@@ -133,13 +132,13 @@ def _carried_add_all(ctx, grads):
 
 def _carried_add(ctx, tensor, grad):
     previous = ctx.grads.get(tensor)
-    if previous is None and tensor in _CARRY and not grad.is_sparse:
-        previous = _CARRY[tensor]  # the slip: a buffer left by an earlier context
+    if previous is None and id(tensor) in _CARRY and not grad.is_sparse:
+        previous = _CARRY[id(tensor)][1]  # the slip: a buffer left by an earlier context
         _CARRY_FIRED[0] += 1
     total = grad if previous is None else previous + grad
     ctx.grads[tensor] = total
     if not total.is_sparse:
-        _CARRY[tensor] = total
+        _CARRY[id(tensor)] = (tensor, total)
 
 
 @mutant("callee-buffers-outlive-context", "A1", "a second context x a parameter owned by a callee",
