@@ -70,7 +70,9 @@ def scenario(row: dict, profiles: frozenset, tag: str = "pairs") -> Scenario:
         dtype=dtype, world_size=row["world"], steps=1, optimizer="none",
         tolerance=float_tolerance(dtype, 8, f"{dtype}: gradient contributions accumulated in another order than "
                                              "local autograd"),
-        exact_data=False, buffer_rule="none", profiles=profiles, timeout_s=30.0, clauses=clauses(row),
+        exact_data=False, buffer_rule="none", profiles=profiles, clauses=clauses(row),
+        timeout_s=15.0 if row["unused"] in ("arg", "result") else 30.0,  # as the pinned unused-arg/-result: an
+        # engine that waits for a gradient of every send function hangs (torch: until its 60 s RPC timeout)
         description="generated: " + ", ".join(f"{k}={v}" for k, v in row.items() if v != DEFAULTS[k]),
     )
 
