@@ -225,6 +225,9 @@ def _could_run_here(entry: str, selection: Selection, adapters: dict | None = No
     if device is not None and device != selection.device:
         return False  # an entry for another device
     named = [s for s in catalogue.all_scenarios() if _id_matches(scenario_id, s.id)]
+    if not named and "/triples/" in scenario_id:  # a full array's row: built for its own area only
+        area = scenario_id.split("/", 1)[0]
+        named = [s for s in catalogue.all_scenarios(area) if _id_matches(scenario_id, s.id)]
     if not named:
         return True  # names no scenario at all: a stale entry
     return any(_selected(s, selection) for s in named)

@@ -8,7 +8,7 @@ AREA = AreaEntry(
     name="dist_autograd",
     order=2,
     about="gradients in distributed-autograd contexts vs local autograd over the same composition",
-    catalogue="conformance.catalogue.dist_autograd:scenarios",
+    catalogue="conformance.catalogue.dist_autograd:handwritten",
     runner="conformance.runners.dist_autograd",
     oracle="conformance.oracle.dist_autograd:oracle",
     adapters={
@@ -18,5 +18,6 @@ AREA = AreaEntry(
     mutants="conformance.mutants.dist_autograd",
     controls=("refimpl-dist-autograd", "torch-dist-autograd"),
     independent="conformance.mutants.independent.dist_autograd",
+    interactions="conformance.mutants.independent.interactions_dist_autograd",
     rank_device="cpu",
 )

@@ -36,7 +36,7 @@ def make(kind: str, w: int, profiles: frozenset = QUICK, description: str = "", 
     )
 
 
-def scenarios() -> list[Scenario]:
+def handwritten() -> list[Scenario]:
     return with_clauses([
         make("simple", 2, description="one rpc_sync to worker1; the loss on worker0"),
         make("chain", 3, description="A -> B -> C, parameters on B and C"),

@@ -13,10 +13,14 @@ exception is recorded, so the pool stays healthy.
 Coordinator side (`judge`, worker 0's record): the oracle is plain local autograd over the same composition
 (`mode="local"`: every call a Python call, one process), `torch.autograd.grad` from the roots;
 after the k-th of k retained passes it is k times that. The record is compared pass by pass.
-The `remote-error` scenario instead requires the backward to raise on the caller with
+The `remote-error` scenario (and a generated row with a failing backward: its last worker reached,
+`dist_autograd_composed.fail_node`) instead requires the backward to raise on the caller with
 "Error on Node 2" (the worker whose backward failed; torch prefixes one "Error on Node N: " per
 hop back, so the innermost one counts) and the original message, no context left
-behind anywhere, and a following backward in a new context to be right. `contexts-meet`
+behind anywhere, and a following backward in a new context to be right (a generated row's
+next context runs its own composition without the error: `dist_autograd_composed.after_failure`).
+A generated row with two contexts runs its composition again in a second context once the first
+has exited: each must hold its own passes' gradients, never the first's added in. `contexts-meet`
 (A18) has a second caller, worker 1 (dist_autograd_meet.py): its context's id must differ from
 worker 0's, and each context is compared with local autograd over its own caller's leaves.
 The readers every worker runs (gradients by name, debug info, the cleanup wait) are in
@@ -35,6 +39,7 @@ from conformance.adapters import registry
 from conformance.judge.compare import ConformanceError, Mismatch, compare_dicts, failure_message
 from conformance.judge.contract import Checked, repro_command
 from conformance.models import dist_autograd as fns
+from conformance.models import dist_autograd_composed as composed
 from conformance.oracle.dist_autograd import oracle
 from conformance.runners.dist_autograd_meet import run_meet
 from conformance.runners.dist_autograd_workers import (
@@ -50,19 +55,18 @@ from refimpl import _torch_compat as compat
 
 fns.use_loader(registry.load)  # [Note: an adapter by its mode] (conformance/models/dist_autograd.py)
 
-ERROR_NODE = 2  # remote-error: worker2's backward raises
 ERROR_TEXT = "Simulate error on backward pass"
 
 
 # -- on the workers: gradients by name, debug info, cleanup (dist_autograd_workers.py) ------------
 def _one_context(adapter, mode, scenario: Scenario, kind: str, passes: int) -> dict:
     seed = scenario.seed
-    leaves = fns.leaves(seed, fns.LEAVES.get(kind, ("x", "w")))
+    leaves = composed.leaves_of(scenario, kind, seed)
     rec = {"passes": [], "error": None, "dot_grad": [], "shared": []}
     fns.HOOK_CALLS[0] = 0
     before = _debug_infos(mode, scenario.world_size)  # contexts an earlier case left (see _wait_clean)
     with adapter.context() as context_id:
-        roots = fns.COMPOSITIONS[kind](mode, seed, leaves)
+        roots = composed.composition_of(scenario, kind)(mode, seed, leaves)
         for i in range(passes):
             try:
                 adapter.backward(context_id, roots, retain_graph=i < passes - 1)
@@ -99,14 +103,17 @@ def run(payload, ctx) -> dict:
     try:
         adapter = fns.adapter_for(mode)
         kind = scenario.model
-        passes = fns.passes(kind)
+        passes = composed.passes_of(scenario, kind)
         t0 = time.perf_counter()
         if kind == "contexts-meet":  # two callers (A18): dist_autograd_meet.py
             record["main"] = run_meet(adapter, mode, scenario)
         else:
             record["main"] = _one_context(adapter, mode, scenario, kind, passes)
-        if kind == "remote-error":
-            record["after"] = _one_context(adapter, mode, scenario, "simple", 1)
+        if composed.fail_node(scenario) is not None:
+            after, after_kind = composed.after_failure(scenario)
+            record["after"] = _one_context(adapter, mode, after, after_kind, 1)
+        elif composed.contexts_of(scenario) == 2:  # a second context after the first: its own gradients
+            record["second"] = _one_context(adapter, mode, scenario, kind, passes)
         record["seconds"] = time.perf_counter() - t0
     except Exception:  # noqa: BLE001 - report, keep the pool healthy
         record["crash"] = traceback.format_exc()
@@ -221,31 +228,41 @@ def judge(scenario: Scenario, adapter_spec: str, records: dict[int, dict]) -> Ch
     main = rec["main"]
     if kind == "contexts-meet":
         return _judge_meet(scenario, adapter_spec, main, repro)
-    if kind == "remote-error":
+    fail_at = composed.fail_node(scenario)
+    if fail_at is not None:
         message = main["error"]
         if message is None:
             raise ConformanceError(
                 f"[{scenario.id}] adapter {adapter_spec}: the backward should have raised on the caller "
-                f"(worker{ERROR_NODE}'s backward fails) but returned normally\n  repro: {repro}")
+                f"(worker{fail_at}'s backward fails) but returned normally\n  repro: {repro}")
         # refimpl: "Error on Node 2: <message>"; torch wraps once per hop on the way back:
         # "Error on Node 0: Error on Node 1: Error on Node 2: <message>". Both are accepted: the
         # innermost node named must be the failing worker, and the original message must follow.
         nodes = [int(n) for n in re.findall(r"Error on Node (\d+)", message)]
-        if not nodes or nodes[-1] != ERROR_NODE or ERROR_TEXT not in message.rsplit("Error on Node", 1)[-1]:
+        if not nodes or nodes[-1] != fail_at or ERROR_TEXT not in message.rsplit("Error on Node", 1)[-1]:
             raise ConformanceError(
                 f"[{scenario.id}] adapter {adapter_spec}: the error on the caller must name the failing worker "
-                f"as 'Error on Node {ERROR_NODE}' and carry the original message {ERROR_TEXT!r}; got: {message[:500]}"
+                f"as 'Error on Node {fail_at}' and carry the original message {ERROR_TEXT!r}; got: {message[:500]}"
                 f"\n  repro: {repro}")
         count = _compare_passes(scenario, adapter_spec, kind, main, {}, repro, " (failed pass)")
-        count += _compare_passes(scenario, adapter_spec, "simple", rec["after"], oracle(scenario, "simple"), repro,
+        after, after_kind = composed.after_failure(scenario)
+        count += _compare_passes(scenario, adapter_spec, after_kind, rec["after"], oracle(after, after_kind), repro,
                                  " (next context, after the failed pass)")
         return Checked(count, accepted_error=message.splitlines()[0][:200], details={"seconds": rec.get("seconds")})
     if main["error"]:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: backward raised {main['error'][:2000]}\n  repro: {repro}")
-    passes = fns.passes(kind)
+    passes = composed.passes_of(scenario, kind)
     if len(main["passes"]) != passes:
         raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: {len(main['passes'])} of {passes} passes recorded")
-    count = _compare_passes(scenario, adapter_spec, kind, main, oracle(scenario, kind), repro)
+    expected = oracle(scenario, kind)
+    count = _compare_passes(scenario, adapter_spec, kind, main, expected, repro)
+    if "second" in rec:  # each context holds its own passes' gradients, never the first one's too
+        second = rec["second"]
+        if second["error"] or len(second["passes"]) != passes:
+            raise ConformanceError(f"[{scenario.id}] adapter {adapter_spec}: the second context's backward "
+                                   f"{'raised ' + second['error'][:2000] if second['error'] else 'recorded too few passes'}"
+                                   f"\n  repro: {repro}")
+        count += _compare_passes(scenario, adapter_spec, kind, second, expected, repro, " (a second context)")
     return Checked(count, details={"seconds": rec.get("seconds")})
 
 

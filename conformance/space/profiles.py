@@ -37,6 +37,8 @@ from conformance.space import (
     data_parallel_rows,
     ddp,
     ddp_rows,
+    dist_autograd,
+    dist_autograd_rows,
     sharded,
     sharded_rows,
 )
@@ -88,6 +90,9 @@ AREAS: dict[str, AreaSpace] = {
     "data_parallel": AreaSpace("data_parallel", data_parallel.DIMENSIONS, data_parallel.CONSTRAINTS,
                                data_parallel_rows.scenario, data_parallel_rows.project,
                                quick_core=("grad_mode", "autocast"), full_values=data_parallel.FULL_VALUES),
+    "dist_autograd": AreaSpace("dist_autograd", dist_autograd.DIMENSIONS, dist_autograd.CONSTRAINTS,
+                               dist_autograd_rows.scenario, dist_autograd_rows.project,
+                               quick_core=("call", "structure"), full_values=dist_autograd.FULL_VALUES),
 }
 STRENGTH = {"quick": 2, "standard": 2, "full": 3}
 TAG = {"quick": "core", "standard": "pairs", "full": "triples"}
