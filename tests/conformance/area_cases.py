@@ -3,6 +3,8 @@ caught, with a message that names the scenario and says what is wrong" (test_are
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from conformance import catalogue
@@ -26,3 +28,24 @@ def assert_caught(check, scenario_id: str, spec: str, needle: str) -> Conformanc
     message = str(info.value)
     assert scenario_id in message and needle in message, message
     return info.value
+
+
+@contextlib.contextmanager
+def recording(session):
+    """While open, every task a rank pool of `session` runs appends its outcome to the yielded list
+    (the workers' records: a mutant's firing counts are in them)."""
+    outcomes, pool_run = [], session.pools.get
+
+    class Recording:
+        def __init__(self, pool):
+            self.pool = pool
+
+        def run(self, *args, **kwargs):
+            outcomes.append(self.pool.run(*args, **kwargs))
+            return outcomes[-1]
+
+    session.pools.get = lambda topology: Recording(pool_run(topology))
+    try:
+        yield outcomes
+    finally:
+        del session.pools.get

@@ -12,7 +12,7 @@ from conformance.mutants import dist_autograd as zoo
 from conformance.oracle import dist_autograd as dist_autograd_oracle
 from conformance.pipeline import check
 from conformance.runners import dist_autograd as driver
-from tests.conformance.area_cases import assert_caught, mutant_spec
+from tests.conformance.area_cases import assert_caught, mutant_spec, recording
 from tests.conformance.area_cases import scenario as _get
 
 PREFIX = "conformance.mutants.dist_autograd:"
@@ -44,23 +44,8 @@ CAUGHT = {
 def test_broken_implementations_are_caught_where_they_fire(session, name):
     scenario_id, needle = CAUGHT[name]
     session.last_outcome = None
-    pool_run = session.pools.get
-
-    outcomes = []
-
-    class Recording:
-        def __init__(self, pool):
-            self.pool = pool
-
-        def run(self, *args, **kwargs):
-            outcomes.append(self.pool.run(*args, **kwargs))
-            return outcomes[-1]
-
-    session.pools.get = lambda topology: Recording(pool_run(topology))
-    try:
+    with recording(session) as outcomes:
         assert_caught(lambda s, spec: check(s, spec, session), scenario_id, mutant_spec("dist_autograd", name), needle)
-    finally:
-        del session.pools.get
     assert outcomes[-1].values[0]["mutation_fired"] > 0, f"{name} failed without its bug firing"
 
 

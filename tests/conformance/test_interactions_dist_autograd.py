@@ -11,6 +11,7 @@ from conformance.judge.compare import ConformanceError
 from conformance.mutants.independent import interactions_dist_autograd as zoo
 from conformance.pipeline import check
 from conformance.space.dist_autograd_rows import DEFAULTS, scenario
+from tests.conformance.area_cases import recording
 
 pytestmark = pytest.mark.slow
 PREFIX = "conformance.mutants.independent.interactions_dist_autograd:"
@@ -33,24 +34,11 @@ def _row_scenario(values: dict):
 
 def _checked(session, s, spec):
     """`check` that also returns the workers' records (the mutation counts are in worker 0's)."""
-    outcomes = []
-    pool_run = session.pools.get
-
-    class Recording:
-        def __init__(self, pool):
-            self.pool = pool
-
-        def run(self, *args, **kwargs):
-            outcomes.append(self.pool.run(*args, **kwargs))
-            return outcomes[-1]
-
-    session.pools.get = lambda topology: Recording(pool_run(topology))
-    try:
-        return check(s, spec, session), outcomes
-    except ConformanceError as exc:
-        return exc, outcomes
-    finally:
-        del session.pools.get
+    with recording(session) as outcomes:
+        try:
+            return check(s, spec, session), outcomes
+        except ConformanceError as exc:
+            return exc, outcomes
 
 
 def test_every_mutant_has_a_row_where_its_pair_meets():

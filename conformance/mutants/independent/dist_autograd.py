@@ -222,12 +222,11 @@ class DictResultsDetached(Correct):
         return _detach(result, lambda inside: inside)
 
 
-# -- ambient ---------------------------------------------------------------------------------------
-@mutant("accumulate-default-dtype", "A2", "ambient",
-        "a later contribution to a gradient already in the context is added into a fresh torch.zeros(shape) "
-        "(the default dtype, float32): float64 gradients that accumulate (a retained pass, a second run) are "
-        "rounded to float32 (here on the worker that opened the context)")
-class AccumulateDefaultDtype(Correct):
+class AccumulatingContext:
+    """A mixin: the context this engine opens (on the worker that opened it) sums a later dense
+    contribution to a gradient it already holds with `_combine(previous, grad)`; the first one,
+    and sparse ones, as the engine does."""
+
     @contextlib.contextmanager
     def context(self):
         with super().context() as context_id:
@@ -246,11 +245,24 @@ class AccumulateDefaultDtype(Correct):
         if previous is None or grad.is_sparse or previous.is_sparse:
             ctx.grads[tensor] = grad if previous is None else previous + grad
             return
+        ctx.grads[tensor] = self._combine(previous, grad)
+
+    def _combine(self, previous, grad):
+        raise NotImplementedError
+
+
+# -- ambient ---------------------------------------------------------------------------------------
+@mutant("accumulate-default-dtype", "A2", "ambient",
+        "a later contribution to a gradient already in the context is added into a fresh torch.zeros(shape) "
+        "(the default dtype, float32): float64 gradients that accumulate (a retained pass, a second run) are "
+        "rounded to float32 (here on the worker that opened the context)")
+class AccumulateDefaultDtype(AccumulatingContext, Correct):
+    def _combine(self, previous, grad):
         self._fired(grad.dtype != torch.get_default_dtype())
         total = torch.zeros(grad.shape, device=grad.device)  # the slip: no dtype=
         total += previous
         total += grad
-        ctx.grads[tensor] = total
+        return total
 
 
 # -- end of life -----------------------------------------------------------------------------------

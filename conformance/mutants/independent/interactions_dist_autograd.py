@@ -18,13 +18,12 @@ the bug changed what the correct engine does. Run::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 
 from conformance.mutants.independent import dist_autograd as independent
-from conformance.mutants.independent.dist_autograd import _current, _da, _me
+from conformance.mutants.independent.dist_autograd import _current, _me
 from conformance.mutants.registry import Registry
 
 MUTANTS = Registry("ix-dist-autograd")
@@ -228,27 +227,10 @@ class NestedUnusedZeroFilled(Correct):
         "a later contribution to a gradient already in the context is summed in float64 for accuracy and the "
         "sum kept: a float32 gradient with two or more contributions comes out float64 (on the worker that "
         "opened the context)")
-class Fp32SumsKeptFp64(Correct):
-    @contextlib.contextmanager
-    def context(self):
-        with super().context() as context_id:
-            ctx = _da()._retrieve_context(context_id)
-            ctx.accumulate = functools.partial(self._accumulate, ctx)
-            ctx.accumulate_all = functools.partial(self._accumulate_all, ctx)
-            yield context_id
-
-    def _accumulate_all(self, ctx, grads):
-        with ctx.lock:
-            for tensor, grad in grads.items():
-                self._accumulate(ctx, tensor, grad)
-
-    def _accumulate(self, ctx, tensor, grad):
-        previous = ctx.grads.get(tensor)
-        if previous is None or grad.is_sparse or previous.is_sparse:
-            ctx.grads[tensor] = grad if previous is None else previous + grad
-            return
+class Fp32SumsKeptFp64(independent.AccumulatingContext, Correct):
+    def _combine(self, previous, grad):
         self._fired(previous.dtype == torch.float32)
-        ctx.grads[tensor] = previous.double() + grad.double()  # the slip: no cast back
+        return previous.double() + grad.double()  # the slip: no cast back
 
 
 def _reaches_rpc(root) -> bool:
