@@ -14,7 +14,7 @@ from dataclasses import replace
 from conformance.catalogue.ddp_features import _amp_band
 from conformance.catalogue.ddp_scenario import make
 from conformance.catalogue.profiles import SHORT_DTYPE
-from conformance.space.ddp import DIMENSIONS, LARGE_SCALE, MODELS, TINY_SCALE
+from conformance.space.ddp import DIMENSIONS, FULL_VALUES, LARGE_SCALE, MODELS, TINY_SCALE
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, WrapOptions, float_tolerance
 
@@ -129,7 +129,7 @@ def project(s: Scenario) -> dict | None:
                  if "autocast" not in feats else f"amp-{SHORT_DTYPE[feats['autocast']]}")
     if model is None or precision is None or (precision == "amp-fp16") != bool(feats.get("grad_scaler")):
         return None
-    if feats.get("grad_scaler") and precision == "amp-bf16" or s.world_size not in (1, 2, 3, 4) or feats.get("freeze"):
+    if feats.get("grad_scaler") and precision == "amp-bf16" or feats.get("freeze"):
         return None
     o = s.options
     scale = kwargs.get("data_scale")
@@ -151,7 +151,8 @@ def project(s: Scenario) -> dict | None:
         "shards": "uneven" if s.shard_sizes and len(set(s.shard_sizes)) > 1 else "even",
         "build_order": kwargs.get("build_order", "wrap-first"), "resume_order": feats.get("resume_order") or "wrap-load",
     }
-    allowed = {d.name: d.values for d in DIMENSIONS}
+    # full's values too (world size 8, compile): a full row reads back, so full's coverage counts it
+    allowed = {d.name: FULL_VALUES.get(d.name, d.values) for d in DIMENSIONS}
     return row if all(row[k] in allowed[k] for k in allowed) else None
 
 

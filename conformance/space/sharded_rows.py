@@ -16,7 +16,7 @@ from dataclasses import replace
 from conformance.catalogue.ddp_scenario import make
 from conformance.catalogue.sharded_clauses import clauses_of
 from conformance.catalogue.sharded_precision import mp_tolerance
-from conformance.space.sharded import DIMENSIONS, HALF, LARGE_SCALE, MODELS, TINY_SCALE
+from conformance.space.sharded import DIMENSIONS, FULL_VALUES, HALF, LARGE_SCALE, MODELS, TINY_SCALE
 from conformance.spec import Capability as C
 from conformance.spec import Scenario, WrapOptions, float_tolerance
 
@@ -152,7 +152,8 @@ def project(s: Scenario) -> dict | None:
         "state_dict": _state_dict(feats), "optimizer": s.optimizer,
         "shards": "uneven" if s.shard_sizes and len(set(s.shard_sizes)) > 1 else "even",
     }
-    allowed = {d.name: d.values for d in DIMENSIONS}
+    # full's values too (world size 8, offload): a full row reads back, so full's coverage counts it
+    allowed = {d.name: FULL_VALUES.get(d.name, d.values) for d in DIMENSIONS}
     return {k: row[k] for k in allowed} if all(row[k] in allowed[k] for k in allowed) else None
 
 
