@@ -42,6 +42,17 @@ class Registry(dict):
             return obj
         return register
 
+    def interaction(self, name: str, clause: str, pair: str, bug: str, **kw):
+        """An interaction mutant (issue 38): `pair` names the two things that must meet for its
+        bug to show; it leads the bug's line and is kept on the adapter class (`cls.pair`)."""
+        register = self.mutant(name, clause, f"[{pair}] {bug}", **kw)
+
+        def with_pair(obj):
+            register(obj)
+            self[name].pair = pair
+            return obj
+        return with_pair
+
     def factories(self) -> dict[str, Callable[[], object]]:
         """`name_with_underscores -> factory` for each mutant (a module's globals take them)."""
         return {name.replace("-", "_"): _factory(cls) for name, cls in self.items()}

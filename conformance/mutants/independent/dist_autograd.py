@@ -224,8 +224,8 @@ class DictResultsDetached(Correct):
 
 class AccumulatingContext:
     """A mixin: the context this engine opens (on the worker that opened it) sums a later dense
-    contribution to a gradient it already holds with `_combine(previous, grad)`; the first one,
-    and sparse ones, as the engine does."""
+    contribution to a gradient it already holds with `_combine(previous, grad)` (the mutant's own);
+    the first one, and sparse ones, as the engine does."""
 
     @contextlib.contextmanager
     def context(self):
@@ -245,10 +245,7 @@ class AccumulatingContext:
         if previous is None or grad.is_sparse or previous.is_sparse:
             ctx.grads[tensor] = grad if previous is None else previous + grad
             return
-        ctx.grads[tensor] = self._combine(previous, grad)
-
-    def _combine(self, previous, grad):
-        raise NotImplementedError
+        ctx.grads[tensor] = self._combine(previous, grad)  # each mutant's own slip
 
 
 # -- ambient ---------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ def mutant(name: str, clause: str, pair: str, bug: str):
     """Register a Bucketer subclass as mutant `name`, wrapped in an adapter class; `pair` names
     the two things that meet."""
     def adapter(bucketer_cls):
-        return type(f"{bucketer_cls.__name__}Adapter", (Correct,), {"bucketer_class": bucketer_cls, "pair": pair})
-    return MUTANTS.mutant(name, clause, f"[{pair}] {bug}", adapter=adapter)
+        return type(f"{bucketer_cls.__name__}Adapter", (Correct,), {"bucketer_class": bucketer_cls})
+    return MUTANTS.interaction(name, clause, pair, bug, adapter=adapter)
 
 
 @mutant("disabled-keyword-callback-lost", "B8", "cap <= 0 x a keyword call",

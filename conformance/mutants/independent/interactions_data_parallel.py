@@ -40,12 +40,7 @@ class Correct(independent.Correct):
         return super().data_parallel(module, inputs, devices, output_device, dim, module_kwargs)
 
 
-def mutant(name: str, clause: str, pair: str, bug: str):
-    """Register a mutant; `pair` names the two things that must meet for its bug to show."""
-    def register(cls):
-        cls.pair = pair
-        return MUTANTS.mutant(name, clause, f"[{pair}] {bug}")(cls)
-    return register
+mutant = MUTANTS.interaction  # (name, clause, pair, bug): `pair` names the two things that must meet
 
 
 @mutant("dim-detaches-inputs", "D8", "batch dim x input gradients",

@@ -49,8 +49,8 @@ def mutant(name: str, clause: str, pair: str, bug: str, **kw):
     """Register an Engine subclass as mutant `name`, inside a `Correct` adapter."""
     def adapter(engine_cls):
         return type(f"{engine_cls.__name__}Adapter", (Correct,),
-                    {"engine_class": engine_cls, "pair": pair, "name_suffix": name})
-    return MUTANTS.mutant(name, clause, f"[{pair}] {bug}", adapter=adapter, **kw)
+                    {"engine_class": engine_cls, "name_suffix": name})
+    return MUTANTS.interaction(name, clause, pair, bug, adapter=adapter, **kw)
 
 
 # -- helpers: a comm hook computed synchronously, the correct value beside it ------------------------

@@ -37,12 +37,7 @@ class Correct(independent.Correct):
     pair = ""
 
 
-def mutant(name: str, clause: str, pair: str, bug: str):
-    """Register a mutant; `pair` names the two things that must meet for its bug to show."""
-    def register(cls):
-        cls.pair = pair
-        return MUTANTS.mutant(name, clause, f"[{pair}] {bug}")(cls)
-    return register
+mutant = MUTANTS.interaction  # (name, clause, pair, bug): `pair` names the two things that must meet
 
 
 def _opened_here(context_id: int) -> bool:

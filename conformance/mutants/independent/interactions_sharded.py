@@ -109,8 +109,8 @@ def mutant(name: str, clause: str, pair: str, bug: str, *, zero2: bool = False, 
     def adapter(engine_cls):
         parent, base = (CorrectZero2, f"{MODULE}:correct_zero2") if zero2 else (Correct, f"{MODULE}:correct")
         return type(f"{engine_cls.__name__}Adapter", (parent,),
-                    {"engine_class": engine_cls, "pair": pair, "base": base})
-    return MUTANTS.mutant(name, clause, f"[{pair}] {bug}", adapter=adapter, **kw)
+                    {"engine_class": engine_cls, "base": base})
+    return MUTANTS.interaction(name, clause, pair, bug, adapter=adapter, **kw)
 
 
 def _coef(total: torch.Tensor, max_norm: float) -> torch.Tensor:
